@@ -1,0 +1,75 @@
+"""`make run`: migrate, find or start a Redis, then run the Procfile.dev processes in the foreground.
+
+Redis, in order: $REDIS_URL if set; else the local one on 127.0.0.1:6379; else a private
+redis-server started here with its data under var/redis. One Ctrl-C stops everything.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+PRIVATE_PORT = 6390
+
+
+def reachable(url):
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping()
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+        return False
+
+
+def start_private_redis():
+    server = shutil.which("redis-server")
+    if not server:
+        sys.exit("No Redis is reachable and redis-server is not installed: run `make system-deps` or set REDIS_URL.")
+    data = VAR / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [server, "--port", str(PRIVATE_PORT), "--bind", "127.0.0.1", "--dir", str(data), "--daemonize", "yes",
+         "--appendonly", "yes", "--pidfile", str(data / "redis.pid"), "--logfile", str(data / "redis.log")],
+        check=True,
+    )
+    url = f"redis://127.0.0.1:{PRIVATE_PORT}/0"
+    for _ in range(50):
+        if reachable(url):
+            return url
+        time.sleep(0.1)
+    sys.exit(f"started redis-server on port {PRIVATE_PORT} but it does not answer; see {data / 'redis.log'}")
+
+
+def choose_redis():
+    if os.environ.get("REDIS_URL"):
+        url = os.environ["REDIS_URL"]
+        if not reachable(url):
+            sys.exit(f"REDIS_URL={url} is not reachable. Start that Redis, or unset REDIS_URL to use a local one.")
+        return url, "from REDIS_URL"
+    local = "redis://127.0.0.1:6379/0"
+    if reachable(local):
+        return local, "the local Redis on 6379"
+    private = f"redis://127.0.0.1:{PRIVATE_PORT}/0"
+    if reachable(private):
+        return private, "the private Redis under var/redis"
+    return start_private_redis(), "a private redis-server started under var/redis"
+
+
+def main():
+    VAR.mkdir(exist_ok=True)
+    url, where = choose_redis()
+    env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1"), "SHOAL_DEMO": "1",
+           "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "project.settings"}
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True)
+    print(f"Shoal: Redis at {url} ({where}); database {env.get('DATABASE_URL', 'var/db.sqlite3')}", flush=True)
+    print("Shoal: starting the demo (Procfile.dev): consumers for orders:email and orders:points, and a producer.", flush=True)
+    honcho = Path(python).with_name("honcho")
+    os.execve(str(honcho), [str(honcho), "-f", str(ROOT / "Procfile.dev"), "start"], {**env, "PATH": f"{Path(python).parent}:{env.get('PATH', '')}"})
+
+
+if __name__ == "__main__":
+    main()

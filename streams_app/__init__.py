@@ -1,0 +1,24 @@
+"""Competing consumers on Redis Streams consumer groups.
+
+    from streams_app import publish, consumer
+
+The names are imported lazily so that ``import streams_app`` works before Django is set up.
+"""
+
+__all__ = ["publish", "publish_many", "consumer", "Message"]
+
+
+def __getattr__(name):
+    if name in ("publish", "publish_many"):
+        from streams_app import producer
+
+        return getattr(producer, name)
+    if name == "consumer":
+        from streams_app.registry import consumer
+
+        return consumer
+    if name == "Message":
+        from streams_app.message import Message
+
+        return Message
+    raise AttributeError(f"module 'streams_app' has no attribute {name!r}")

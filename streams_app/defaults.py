@@ -1,0 +1,41 @@
+"""Defaults for ``settings.STREAMS``. Each key may be overridden there; ``streams_app.conf`` merges them."""
+
+REDIS_ALIAS = "default"
+"""The django-redis cache alias whose connection Shoal uses (``get_redis_connection(alias)``)."""
+
+BATCH_SIZE = 500
+"""The most entries one XREADGROUP / XAUTOCLAIM asks for. Reads are also capped by free handler
+slots (two chunks per thread), so slow handlers get small reads: a large value costs nothing there."""
+
+BLOCK_MS = 2000
+"""How long an idle XREADGROUP blocks waiting for new entries. Must be below the Redis socket timeout."""
+
+THREADS = 4
+"""Handler threads per worker process (``runconsumer --threads``)."""
+
+PENDING_TIMEOUT_MS = 30_000
+"""An entry unacknowledged for this long is taken to be abandoned and may be claimed by a live consumer."""
+
+CLAIM_INTERVAL_MS = 10_000
+"""How often a consumer looks for abandoned entries (XAUTOCLAIM) and for its own failed ones."""
+
+SHUTDOWN_TIMEOUT = 30.0
+"""Seconds in-flight handlers get to finish after SIGTERM/SIGINT before the worker exits anyway."""
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+"""The largest JSON payload ``publish`` accepts, in bytes of UTF-8. Redis holds streams in memory."""
+
+RECONNECT_BACKOFF_MAX = 5.0
+"""Ceiling, in seconds, of the exponential back-off between attempts to reach an unreachable Redis."""
+
+DEFAULTS = {
+    "REDIS_ALIAS": REDIS_ALIAS,
+    "BATCH_SIZE": BATCH_SIZE,
+    "BLOCK_MS": BLOCK_MS,
+    "THREADS": THREADS,
+    "PENDING_TIMEOUT_MS": PENDING_TIMEOUT_MS,
+    "CLAIM_INTERVAL_MS": CLAIM_INTERVAL_MS,
+    "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
+    "MAX_PAYLOAD_BYTES": MAX_PAYLOAD_BYTES,
+    "RECONNECT_BACKOFF_MAX": RECONNECT_BACKOFF_MAX,
+}

@@ -1,0 +1,55 @@
+"""Running handlers on a batch of messages, in a handler thread."""
+import logging
+import time
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+
+from streams_app.exceptions import PayloadDecodeError
+
+logger = logging.getLogger("streams_app.consumer")
+
+FAILED = "failed"
+POISON = "poison"
+
+
+@dataclass(slots=True)
+class Outcome:
+    message: object
+    status: str
+    error: BaseException | None = None
+
+
+def run_chunk(handler, messages):
+    """Run ``handler`` on each message; return (ids to ack, failed Outcomes, seconds per message).
+
+    A handler exception is an outcome, never an escape: one bad message must not take the rest of
+    the chunk, or the worker, with it.
+    """
+    close_old_connections()
+    started = time.perf_counter()
+    acked = []
+    failed = []
+    for message in messages:
+        try:
+            # Decode before the handler runs, so poison input is found even if the handler
+            # would never have looked at the payload.
+            message.decode()
+        except PayloadDecodeError as exc:
+            logger.error("Consumer %s: entry %s on %s is poison: %s", message.consumer, message.id, message.stream, exc)
+            failed.append(Outcome(message, POISON, exc))
+            continue
+        try:
+            handler(message)
+        except Exception as exc:
+            logger.warning(
+                "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s: %s",
+                message.consumer, message.id, message.stream, message.group, message.deliveries,
+                type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            failed.append(Outcome(message, FAILED, exc))
+        else:
+            acked.append(message.id)
+    elapsed = time.perf_counter() - started
+    close_old_connections()
+    return acked, failed, elapsed / max(len(messages), 1)

@@ -1,0 +1,18 @@
+"""Names of the Redis keys that belong to a stream.
+
+They embed the stream name as a hash tag, ``{orders}:dlq``, so that on Redis Cluster every key of
+one stream lives in the stream's slot and multi-key scripts keep working.
+"""
+
+
+def hash_tag(stream):
+    return "{" + stream + "}"
+
+
+def stream_key(stream):
+    """The stream's own key. Plain name, so producers outside Shoal can XADD to it as they always did."""
+    return stream
+
+
+def dead_letter_key(stream):
+    return f"{hash_tag(stream)}:dlq"

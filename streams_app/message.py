@@ -1,0 +1,104 @@
+"""What a handler receives: one stream entry, decoded.
+
+Built once per entry on the hot path, so it is a slotted class that decodes lazily: the payload
+once (``decode()`` runs before the handler), the other fields only when asked for.
+"""
+import json
+
+from streams_app.exceptions import PayloadDecodeError
+
+PAYLOAD_FIELDS = (b"payload", b"data")  # seed 004 publishes under "data"; both are read.
+
+_UNSET = object()
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def decode_fields(raw):
+    """Entry fields as ``str -> str``; bytes that are not UTF-8 are kept visible with U+FFFD."""
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _raw(fields, name):
+    value = fields.get(name)
+    if value is None:
+        value = fields.get(name.decode())  # a client built with decode_responses=True
+    return value
+
+
+class Message:
+    __slots__ = ("id", "stream", "group", "raw_fields", "deliveries", "consumer", "_payload", "_headers", "_fields")
+
+    def __init__(self, id, stream, group, raw_fields, deliveries=1, consumer=""):
+        self.id = id
+        self.stream = stream
+        self.group = group
+        self.raw_fields = raw_fields
+        self.deliveries = deliveries
+        self.consumer = consumer
+        self._payload = _UNSET
+        self._headers = _UNSET
+        self._fields = None
+
+    def __repr__(self):
+        return f"<Message {self.stream} {self.id} group={self.group} deliveries={self.deliveries}>"
+
+    def decode(self):
+        """Decode payload and headers now; raises PayloadDecodeError for poison input."""
+        self.payload
+        self.headers
+
+    @property
+    def payload(self):
+        """The decoded JSON payload. Raises PayloadDecodeError for poison input."""
+        if self._payload is _UNSET:
+            for name in PAYLOAD_FIELDS:
+                raw = _raw(self.raw_fields, name)
+                if raw is not None:
+                    break
+            else:
+                raise PayloadDecodeError(f"entry {self.id} has no 'payload' or 'data' field")
+            try:
+                self._payload = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise PayloadDecodeError(f"entry {self.id}: payload is not valid JSON ({exc})") from None
+        return self._payload
+
+    @property
+    def headers(self):
+        if self._headers is _UNSET:
+            raw = _raw(self.raw_fields, b"headers")
+            if raw is None:
+                self._headers = {}
+            else:
+                try:
+                    headers = json.loads(raw)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise PayloadDecodeError(f"entry {self.id}: headers are not valid JSON ({exc})") from None
+                if not isinstance(headers, dict):
+                    raise PayloadDecodeError(f"entry {self.id}: headers must be a JSON object")
+                self._headers = headers
+        return self._headers
+
+    @property
+    def fields(self):
+        """Every field of the entry as text, undecoded JSON included."""
+        if self._fields is None:
+            self._fields = decode_fields(self.raw_fields)
+        return self._fields
+
+    @property
+    def key(self):
+        """The idempotency key the producer gave, or None."""
+        raw = _raw(self.raw_fields, b"key")
+        return None if raw is None else _text(raw)
+
+    @property
+    def published_at(self):
+        """Milliseconds since the epoch when the producer published it (from the entry id if absent)."""
+        raw = _raw(self.raw_fields, b"published_at")
+        if raw is not None and _text(raw).isdigit():
+            return int(raw)
+        return int(self.id.split("-", 1)[0])

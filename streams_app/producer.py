@@ -1,0 +1,96 @@
+"""Publishing JSON messages to a stream."""
+import json
+import time
+
+from streams_app.conf import setting
+from streams_app.connection import get_connection
+from streams_app.exceptions import PublishError
+
+_PIPELINE_CHUNK = 1000
+
+
+def validate_stream_name(stream):
+    if not isinstance(stream, str) or not stream.strip():
+        raise PublishError(f"stream name must be a non-empty string, not {stream!r}")
+    if "{" in stream or "}" in stream:
+        # Shoal wraps the name in {} to pin its keys to one cluster slot; braces inside would break that.
+        raise PublishError(f"stream name {stream!r} must not contain '{{' or '}}'")
+    return stream
+
+
+def encode_message(payload, *, key=None, headers=None):
+    """The fields of one entry. Raises PublishError for input that cannot be a message."""
+    try:
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PublishError(f"payload is not JSON-serialisable: {exc}") from None
+    limit = setting("MAX_PAYLOAD_BYTES")
+    size = len(body.encode("utf-8"))
+    if size > limit:
+        raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
+    fields = {"payload": body, "published_at": str(int(time.time() * 1000))}
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise PublishError(f"key must be a non-empty string, not {key!r}")
+        fields["key"] = key
+    if headers:
+        if not isinstance(headers, dict):
+            raise PublishError(f"headers must be a dict, not {type(headers).__name__}")
+        try:
+            fields["headers"] = json.dumps(headers, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise PublishError(f"headers are not JSON-serialisable: {exc}") from None
+    return fields
+
+
+def _xadd(conn, stream, fields, maxlen):
+    if maxlen is None:
+        return conn.xadd(stream, fields)
+    # MAXLEN ~ lets Redis trim whole radix-tree nodes: cheap, but it drops entries whether or not
+    # every group has read them. Streams that must not lose unread entries use retention="acked".
+    return conn.xadd(stream, fields, maxlen=maxlen, approximate=True)
+
+
+def _check_maxlen(maxlen):
+    if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen <= 0):
+        raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
+
+
+def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None):
+    """Append one message; return its entry id (None when queued on ``pipeline``)."""
+    validate_stream_name(stream)
+    _check_maxlen(maxlen)
+    fields = encode_message(payload, key=key, headers=headers)
+    conn = pipeline if pipeline is not None else get_connection()
+    entry_id = _xadd(conn, stream, fields, maxlen)
+    if pipeline is not None:
+        return None
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
+    """Append many messages with pipelined round trips; return their ids in order.
+
+    Every payload is encoded before the first is sent, so bad input publishes nothing.
+    """
+    validate_stream_name(stream)
+    _check_maxlen(maxlen)
+    payloads = list(payloads)
+    if keys is not None:
+        keys = list(keys)
+        if len(keys) != len(payloads):
+            raise PublishError(f"got {len(keys)} keys for {len(payloads)} payloads")
+    encoded = []
+    for index, payload in enumerate(payloads):
+        try:
+            encoded.append(encode_message(payload, key=keys[index] if keys else None, headers=headers))
+        except PublishError as exc:
+            raise PublishError(f"message {index}: {exc}") from None
+    conn = get_connection()
+    ids = []
+    for start in range(0, len(encoded), _PIPELINE_CHUNK):
+        pipe = conn.pipeline(transaction=False)
+        for fields in encoded[start : start + _PIPELINE_CHUNK]:
+            _xadd(pipe, stream, fields, maxlen)
+        ids.extend(i.decode() if isinstance(i, bytes) else i for i in pipe.execute())
+    return ids

@@ -1,0 +1,133 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.redis_server import RedisServer
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One private redis-server for the whole run. Tests that kill Redis use ``redis_factory``."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_factory(tmp_path):
+    servers = []
+
+    def make(persistent=False):
+        server = RedisServer(tmp_path / f"redis{len(servers)}", persistent=persistent).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def _point_django_at(settings, url):
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {**settings.CACHES["default"], "LOCATION": url},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _isolated_redis(request, settings):
+    """Point Django at the private server, empty before and after each test."""
+    if "redis_server" not in request.fixturenames and "redis" not in request.fixturenames:
+        yield
+        return
+    server = request.getfixturevalue("redis_server")
+    client = server.client()
+    client.flushall()
+    _point_django_at(settings, server.url)
+    yield
+    client.flushall()
+
+
+@pytest.fixture
+def redis(redis_server):
+    """A decoded client on the test's (empty) Redis database."""
+    return redis_server.client()
+
+
+@pytest.fixture
+def use_redis(settings):
+    """Point Django at another server (one from ``redis_factory``)."""
+    return lambda server: _point_django_at(settings, server.url)
+
+
+class ConsumerProcess:
+    """A ``manage.py`` subprocess whose output is collected as it comes."""
+
+    def __init__(self, args, env, command="runconsumer"):
+        self.args = args
+        self.lines = []
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), command, *args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+
+    def _collect(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for_output(self, text, timeout=30):
+        wait_for(lambda: text in "".join(self.lines), timeout=timeout, what=f"{text!r} in the output")
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def kill(self):
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def wait(self, timeout=60):
+        return self.proc.wait(timeout=timeout)
+
+    def output(self):
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=5)
+        return "".join(self.lines)
+
+
+@pytest.fixture
+def run_consumer(redis_server):
+    """Start ``manage.py runconsumer`` subprocesses against a test Redis; stop them at teardown."""
+    procs = []
+
+    def start(*args, server=None, streams=None, env=None):
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "REDIS_URL": (server or redis_server).url,
+            "SHOAL_TEST_STREAMS": json.dumps(streams or {}),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        proc = ConsumerProcess([*args, "-v", "2"], full_env)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,17 @@
+"""Settings for the test run and for the consumer processes tests start."""
+import json
+import os
+
+# Never the Redis on 6379: anything a test forgets to point at its own server fails loudly.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:1/0")
+os.environ.setdefault("SECRET_KEY", "tests-only-not-secret")
+
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import INSTALLED_APPS, STREAMS  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+
+# Consumer subprocesses get their STREAMS overrides (short timeouts) through the environment.
+STREAMS = {**STREAMS, **json.loads(os.environ.get("SHOAL_TEST_STREAMS", "{}"))}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

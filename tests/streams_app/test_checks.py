@@ -1,0 +1,34 @@
+from streams_app.checks import check_streams_settings
+
+
+def ids(settings_value, settings):
+    settings.STREAMS = settings_value
+    return [e.id for e in check_streams_settings()]
+
+
+def test_defaults_pass(settings):
+    assert ids({}, settings) == []
+
+
+def test_not_a_dict(settings):
+    assert ids(["BATCH_SIZE"], settings) == ["streams_app.E001"]
+
+
+def test_unknown_key(settings):
+    assert ids({"BATCHSIZE": 10}, settings) == ["streams_app.E002"]
+
+
+def test_bad_values(settings):
+    assert ids({"BATCH_SIZE": 0, "SHUTDOWN_TIMEOUT": "30"}, settings) == ["streams_app.E003", "streams_app.E003"]
+
+
+def test_unknown_alias(settings):
+    assert ids({"REDIS_ALIAS": "nope"}, settings) == ["streams_app.E004"]
+
+
+def test_block_longer_than_socket_timeout_warns(settings):
+    assert ids({"BLOCK_MS": 60_000, "PENDING_TIMEOUT_MS": 120_000}, settings) == ["streams_app.W001"]
+
+
+def test_pending_timeout_below_block_warns(settings):
+    assert ids({"PENDING_TIMEOUT_MS": 1000, "BLOCK_MS": 2000}, settings) == ["streams_app.W002"]

@@ -1,0 +1,141 @@
+"""One read loop driven pass by pass (``tick``) against a real Redis, in this process."""
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from streams_app import publish, publish_many
+from streams_app.conf import get_settings
+from streams_app.connection import dedicated_connection, get_connection
+from streams_app.loop import GroupLoop
+from streams_app.registry import select
+from streams_app.worker import Shutdown
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def make_loop(redis):
+    made = []
+
+    def make(selector="jobs:a", name="me", threads=2, **overrides):
+        [spec] = select([selector])
+        config = {**get_settings(), "BLOCK_MS": 50, **overrides}
+        executor = ThreadPoolExecutor(threads)
+        loop = GroupLoop(spec, name, conn=get_connection(), reader=dedicated_connection(f"test-{name}"),
+                         executor=executor, threads=threads, shutdown=Shutdown(), config=config)
+        made.append(executor)
+        return loop
+
+    yield make
+    for executor in made:
+        executor.shutdown(wait=True)
+
+
+def run_until(loop, condition, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "loop did not get there in time"
+        loop.tick()
+
+
+def test_handles_and_acks_in_batches(redis, make_loop):
+    redis.config_resetstat()
+    publish_many("jobs", [{"n": n} for n in range(300)])
+    loop = make_loop(BATCH_SIZE=100)
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 300 and not loop.in_flight and not loop.to_ack)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(e[0] for e in redis.xrange("jobs"))
+    xack_calls = int(redis.info("commandstats")["cmdstat_xack"]["calls"])
+    # One XACK per collected group of chunks, never one per message.
+    assert xack_calls < 300 / 4
+
+
+def test_failure_stays_pending_and_does_not_block_the_rest(redis, make_loop):
+    ids = [publish("jobs", {"fail": "boom"}), publish("jobs", {"n": 1}), publish("jobs", {"n": 2})]
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 2 and not loop.in_flight)
+    assert redis.lrange("handled:jobs:a", 0, -1) == ids[1:]
+    pending = redis.xpending_range("jobs", "a", "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [ids[0]]
+
+
+def test_poison_payload_does_not_block_the_rest(redis, make_loop):
+    bad = redis.xadd("jobs", {"payload": "{not json"})
+    raw = get_connection()
+    not_utf8 = raw.xadd("jobs", {b"payload": b"\xff\xfe"}).decode()
+    good = publish("jobs", {"n": 1})
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.in_flight)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [good]
+    assert redis.llen("started:jobs:a") == 1  # the handler never saw the poison entries
+    pending = {p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)}
+    assert pending == {bad, not_utf8}
+
+
+def test_data_field_is_accepted_as_payload(redis, make_loop):
+    entry = redis.xadd("jobs", {"data": '{"from": "seed 004"}'})
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [entry]
+
+
+def test_takes_over_entries_of_a_dead_consumer(redis, make_loop):
+    ids = publish_many("jobs", [{"n": n} for n in range(5)])
+    loop = make_loop(PENDING_TIMEOUT_MS=200, CLAIM_INTERVAL_MS=50)
+    redis.xgroup_create("jobs", "a", id="0")
+    # A consumer that read everything and died.
+    assert len(redis.xreadgroup("a", "ghost", {"jobs": ">"})[0][1]) == 5
+    loop.tick()
+    assert redis.llen("handled:jobs:a") == 0  # not idle long enough yet
+    time.sleep(0.25)  # the entries must age past the pending timeout
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 5 and not loop.to_ack and not loop.in_flight)
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_takeover_reports_deliveries_and_skips_deleted_entries(redis, make_loop):
+    seen = []
+    ids = publish_many("jobs", [{"n": n} for n in range(3)])
+    loop = make_loop(PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=50)
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "ghost", {"jobs": ">"})
+    redis.xdel("jobs", ids[1])
+    time.sleep(0.15)
+    original = loop.spec.handler
+    object.__setattr__(loop.spec, "handler", lambda m: (seen.append((m.id, m.deliveries)), original(m)))
+    try:
+        run_until(loop, lambda: redis.llen("handled:jobs:a") == 2 and not loop.to_ack and not loop.in_flight)
+    finally:
+        object.__setattr__(loop.spec, "handler", original)
+    assert sorted(seen) == [(ids[0], 2), (ids[2], 2)]
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_own_failed_entries_are_retried_at_the_next_claim_pass(redis, make_loop):
+    entry = publish("jobs", {"n": 1})
+    loop = make_loop(CLAIM_INTERVAL_MS=100)
+    calls = []
+    original = loop.spec.handler
+
+    def flaky(message):
+        calls.append(message.deliveries)
+        if len(calls) == 1:
+            raise RuntimeError("first time fails")
+        original(message)
+
+    object.__setattr__(loop.spec, "handler", flaky)
+    try:
+        run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.to_ack and not loop.in_flight)
+    finally:
+        object.__setattr__(loop.spec, "handler", original)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [entry]
+    assert calls == [1, 2]  # reading its own PEL counts as a delivery
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_group_is_recreated_when_redis_loses_it(redis, make_loop):
+    loop = make_loop()
+    loop.tick()
+    redis.flushall()
+    publish("jobs", {"n": 1})
+    wait_for(lambda: (loop.step() or redis.llen("handled:jobs:a") == 1), timeout=10, what="handled after FLUSHALL")

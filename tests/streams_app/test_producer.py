@@ -1,0 +1,101 @@
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from streams_app import publish, publish_many
+from streams_app.exceptions import PublishError
+
+
+def test_publish_stores_json_payload_and_metadata(redis):
+    entry_id = publish("orders", {"order_id": 7, "note": "café"}, key="order-7", headers={"trace": "t1"})
+    [(got_id, fields)] = redis.xrange("orders")
+    assert got_id == entry_id
+    assert json.loads(fields["payload"]) == {"order_id": 7, "note": "café"}
+    assert fields["key"] == "order-7"
+    assert json.loads(fields["headers"]) == {"trace": "t1"}
+    assert int(fields["published_at"]) > 0
+
+
+def test_publish_many_keeps_order_and_returns_every_id(redis):
+    ids = publish_many("orders", [{"n": n} for n in range(2500)], keys=[f"k{n}" for n in range(2500)])
+    assert len(ids) == 2500
+    entries = redis.xrange("orders")
+    assert [e[0] for e in entries] == ids
+    assert [json.loads(f["payload"])["n"] for _, f in entries] == list(range(2500))
+
+
+def test_publish_on_a_pipeline_is_sent_with_it(redis):
+    from streams_app.connection import get_connection
+
+    pipe = get_connection().pipeline()
+    assert publish("orders", {"a": 1}, pipeline=pipe) is None
+    assert redis.xlen("orders") == 0
+    pipe.execute()
+    assert redis.xlen("orders") == 1
+
+
+def test_maxlen_trims_approximately(redis):
+    for n in range(3000):
+        publish("capped", {"n": n}, maxlen=100)
+    # MAXLEN ~ trims whole nodes (100 entries each by default): never below the cap, never far above.
+    assert 100 <= redis.xlen("capped") <= 300
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: publish("orders", {"x": object()}), "not JSON-serialisable"),
+        (lambda: publish("orders", float("nan")), "not JSON-serialisable"),
+        (lambda: publish("", {}), "non-empty string"),
+        (lambda: publish(42, {}), "non-empty string"),
+        (lambda: publish("{orders}", {}), "must not contain"),
+        (lambda: publish("orders", {}, maxlen=0), "maxlen"),
+        (lambda: publish("orders", {}, key=""), "key"),
+        (lambda: publish("orders", {}, headers=["x"]), "headers must be a dict"),
+        (lambda: publish_many("orders", [{"ok": 1}, {"bad": {1, 2}}]), "message 1"),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_published(redis, call, message):
+    with pytest.raises(PublishError, match=message):
+        call()
+    assert not redis.exists("orders")
+
+
+def test_payload_size_limit(redis, settings):
+    settings.STREAMS = {"MAX_PAYLOAD_BYTES": 100}
+    publish("orders", "x" * 90)
+    with pytest.raises(PublishError, match="over the limit of 100"):
+        publish("orders", "x" * 200)
+    assert redis.xlen("orders") == 1
+
+
+def test_publish_command_one_message(redis):
+    out = io.StringIO()
+    call_command("publish", "orders", '{"a": 1}', "--key", "k1", stdout=out)
+    [(entry_id, fields)] = redis.xrange("orders")
+    assert out.getvalue().strip() == entry_id
+    assert fields["key"] == "k1"
+
+
+def test_publish_command_reads_stdin_lines(redis, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"a": 1}\n\n[1, 2]\n"text"\n'))
+    out = io.StringIO()
+    call_command("publish", "orders", "-", stdout=out)
+    assert len(out.getvalue().split()) == 3
+    assert [json.loads(f["payload"]) for _, f in redis.xrange("orders")] == [{"a": 1}, [1, 2], "text"]
+
+
+def test_publish_command_names_the_bad_line_and_publishes_nothing(redis, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"a": 1}\n{"b": \n'))
+    with pytest.raises(CommandError, match="line 2 of stdin is not valid JSON"):
+        call_command("publish", "orders", "-")
+    assert not redis.exists("orders")
+
+
+def test_publish_command_refuses_key_with_many_messages(redis, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"a": 1}\n'))
+    with pytest.raises(CommandError, match="--key"):
+        call_command("publish", "orders", "-", "--key", "k")
+    assert not redis.exists("orders")
