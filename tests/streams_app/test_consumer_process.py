@@ -111,3 +111,17 @@ def test_stream_key_of_another_type_is_reported_and_left_alone(redis, run_consum
     out = proc.output()
     assert "holds a string, not a stream" in out and "Traceback" not in out
     assert redis.get("jobs") == "precious"
+
+
+def test_sigterm_cuts_a_blocked_read_short_so_nothing_is_read_after_it(redis, run_consumer):
+    # An idle consumer sits in XREADGROUP BLOCK 20000. Without CLIENT UNBLOCK on shutdown, that read
+    # would return the entry published after SIGTERM and the consumer would take it.
+    proc = run_consumer("jobs:a", "--block-ms", "20000", streams={"CLAIM_INTERVAL_MS": 60_000})
+    proc.wait_for_output("started")
+    wait_for(lambda: any(c.get("cmd") == "xreadgroup" for c in redis.client_list()), what="a blocked read")
+    proc.signal(signal.SIGTERM)
+    proc.wait_for_output("SIGTERM received")
+    late = publish_raw(redis, "jobs", [{"n": 1}])
+    assert proc.wait(30) == 0
+    [group] = redis.xinfo_groups("jobs")
+    assert group["pending"] == 0 and group["lag"] == 1, f"the entry {late} published after SIGTERM was read"
