@@ -1,0 +1,31 @@
+"""A handler that records publish-to-start latency. The payload carries ``t``, the publisher's time.time()."""
+import threading
+import time
+
+from streams_app import consumer
+from streams_app.connection import get_connection
+
+_pending = []
+_lock = threading.Lock()
+_flusher = None
+
+
+def _flush_forever():
+    conn = get_connection()
+    while True:
+        time.sleep(0.2)
+        with _lock:
+            batch, _pending[:] = list(_pending), []
+        if batch:
+            conn.rpush("bench:latency", *batch)
+
+
+@consumer("latency", group="bench")
+def measure(message):
+    started = time.time()
+    global _flusher
+    with _lock:
+        _pending.append(f"{(started - message.payload['t']) * 1000:.3f}")
+        if _flusher is None:
+            _flusher = threading.Thread(target=_flush_forever, daemon=True)
+            _flusher.start()
