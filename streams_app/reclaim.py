@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+import redis
 from django.db import DatabaseError
 
 from streams_app import deadletters, keys, metrics, scripts
@@ -39,6 +40,11 @@ def next_id(entry_id):
 def _id_key(entry_id):
     ms, _, seq = _str(entry_id).partition("-")
     return int(ms), int(seq or 0)
+
+
+def _absent(exc):
+    """The stream or group does not exist (yet): its consumers create it when they start."""
+    return is_nogroup(exc) or "no such key" in str(exc)
 
 
 @dataclass
@@ -79,16 +85,18 @@ class Reclaimer:
             except TRANSIENT_ERRORS as exc:
                 report.errors.append(f"{spec.name}: {exc}")
                 logger.warning("Reclaimer: Redis unreachable while checking %s (%s); next pass will retry", spec.name, exc)
-            except Exception as exc:
-                if not is_nogroup(exc):
+            except redis.ResponseError as exc:
+                if not _absent(exc):
                     raise
-                # The group does not exist (yet): its consumers create it when they start.
         for stream in sorted({s.stream for s in self.specs if s.retention == "acked"}):
             try:
                 self.trim(stream, report)
             except TRANSIENT_ERRORS as exc:
                 report.errors.append(f"{stream}: {exc}")
                 logger.warning("Reclaimer: Redis unreachable while trimming %s (%s)", stream, exc)
+            except redis.ResponseError as exc:
+                if not _absent(exc):
+                    raise
         try:
             self.snapshot(now, report)
         except TRANSIENT_ERRORS as exc:
