@@ -191,11 +191,17 @@ class GroupLoop:
         )
         wanted = {}
         last = None
+        busy_here = None
         for row in rows:
             last = _str(row["message_id"])
             deliveries = row["times_delivered"]
             if _str(row["consumer"]) == self.consumer:
-                continue  # in flight here, or waiting on the retry heap
+                if busy_here is None:
+                    busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
+                if last in busy_here:
+                    continue
+                # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh,
+                # or its chunk was lost): treat it like any abandoned entry.
             if deliveries >= self.max_deliveries:
                 self.to_dead_letter.append((last, "", ""))  # "" = the error recorded by the failing worker
             elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):

@@ -217,3 +217,25 @@ def test_redis_guard_runs_a_key_once_and_lets_retries_run(redis, make_loop):
 def test_bad_failure_options_are_refused(options, error):
     with pytest.raises(ConsumerConfigError, match=error):
         consumer("x", group="y", **options)
+
+
+def test_own_pending_entry_that_nothing_will_retry_is_taken_over_by_its_own_loop(redis, make_loop):
+    entry = publish("failing", {"n": 1})
+    loop = make_loop("failing:g", PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=10)
+    run_until(loop, lambda: loop.retries and settled(loop))
+    loop.retries.clear()  # as if its retry were lost: the entry sits in this consumer's PEL
+    redis.xclaim("failing", "g", "me", 0, [entry], idle=60_000, retrycount=1)
+    run_until(loop, lambda: redis.llen("started:failing:g") == 2)
+    [row] = redis.xpending_range("failing", "g", "-", "+", 10)
+    assert row["consumer"] == "me" and row["times_delivered"] == 2
+
+
+def test_successful_handlers_pay_no_failure_round_trips(redis, make_loop):
+    publish_many("jobs", [{"n": n} for n in range(300)])
+    loop = make_loop(BATCH_SIZE=100, CLAIM_INTERVAL_MS=600_000)  # one claim pass, at the first tick
+    loop.tick()  # creates the group and makes that claim pass
+    redis.config_resetstat()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 300 and settled(loop))
+    stats = redis.info("commandstats")
+    used = {name.removeprefix("cmdstat_") for name in stats}
+    assert used & {"evalsha", "eval", "hset", "expire", "xclaim", "set", "xpending"} == set(), used
