@@ -153,3 +153,14 @@ def _utc(seconds):
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def test_a_stop_request_finishes_the_current_pass_and_returns(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(3)])
+    abandon(redis, "jobs", "a", ids, deliveries=5)
+    daemon = reclaimer(["jobs:a"], RECLAIM_INTERVAL=3600)
+    daemon.stop.set()  # what SIGTERM does (runreclaimer's handler only sets this flag)
+    started = time.monotonic()
+    daemon.run()
+    assert daemon.passes == 1 and redis.xlen("{jobs}:dlq") == 3  # the pass ran to its end
+    assert time.monotonic() - started < 60  # and did not wait out the hour-long interval
