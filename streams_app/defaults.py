@@ -28,6 +28,34 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 RECONNECT_BACKOFF_MAX = 5.0
 """Ceiling, in seconds, of the exponential back-off between attempts to reach an unreachable Redis."""
 
+RETRY_BACKOFF = 1.0
+"""Seconds before the first retry of a failed entry; each further delivery doubles it
+(``@consumer(retry_backoff=...)`` overrides it per consumer)."""
+
+RETRY_BACKOFF_MAX = 300.0
+"""Ceiling, in seconds, of the retry back-off. Takeover of an abandoned entry waits for the larger of
+this back-off and PENDING_TIMEOUT_MS, so a message that keeps killing its worker is not retried in a hot loop."""
+
+ERROR_TTL = 7 * 24 * 3600
+"""Seconds the last error of a pending entry is kept (``{stream}:error:<group>:<id>``), so that the
+dead-letter entry can say why even when the reclaim daemon moves it."""
+
+IDEMPOTENCY_TTL = 7 * 24 * 3600
+"""Seconds a processed key is remembered: the Redis guard's TTL, and the age after which the
+reclaim daemon deletes ProcessedMessage rows."""
+
+RECLAIM_INTERVAL = 10.0
+"""Seconds between two passes of the reclaim daemon (``runreclaimer --interval``)."""
+
+DEAD_CONSUMER_IDLE = 3600.0
+"""Seconds a consumer with no pending entries may stay idle before the reclaim daemon removes it."""
+
+SNAPSHOT_INTERVAL = 60.0
+"""Seconds between two rows of GroupSnapshot (lag, pending, consumers, dead letters) per group."""
+
+SNAPSHOT_RETENTION = 7 * 24 * 3600
+"""Seconds GroupSnapshot rows are kept for the admin charts before the reclaim daemon prunes them."""
+
 DEFAULTS = {
     "REDIS_ALIAS": REDIS_ALIAS,
     "BATCH_SIZE": BATCH_SIZE,
@@ -38,4 +66,12 @@ DEFAULTS = {
     "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
     "MAX_PAYLOAD_BYTES": MAX_PAYLOAD_BYTES,
     "RECONNECT_BACKOFF_MAX": RECONNECT_BACKOFF_MAX,
+    "RETRY_BACKOFF": RETRY_BACKOFF,
+    "RETRY_BACKOFF_MAX": RETRY_BACKOFF_MAX,
+    "ERROR_TTL": ERROR_TTL,
+    "IDEMPOTENCY_TTL": IDEMPOTENCY_TTL,
+    "RECLAIM_INTERVAL": RECLAIM_INTERVAL,
+    "DEAD_CONSUMER_IDLE": DEAD_CONSUMER_IDLE,
+    "SNAPSHOT_INTERVAL": SNAPSHOT_INTERVAL,
+    "SNAPSHOT_RETENTION": SNAPSHOT_RETENTION,
 }

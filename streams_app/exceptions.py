@@ -19,3 +19,7 @@ class ConsumerConfigError(StreamsError):
 
 class PayloadDecodeError(StreamsError):
     """An entry's payload is not valid JSON (poison input)."""
+
+
+class ReplayError(StreamsError, ValueError):
+    """A replay of dead letters was asked for in a way that cannot be done."""

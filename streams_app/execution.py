@@ -20,17 +20,23 @@ class Outcome:
     error: BaseException | None = None
 
 
-def run_chunk(handler, messages):
+def run_chunk(handler, messages, guard=None):
     """Run ``handler`` on each message; return (ids to ack, failed Outcomes, seconds per message).
 
     A handler exception is an outcome, never an escape: one bad message must not take the rest of
-    the chunk, or the worker, with it.
+    the chunk, or the worker, with it. ``guard`` (streams_app.idempotency) skips duplicates.
     """
     close_old_connections()
     started = time.perf_counter()
     acked = []
     failed = []
+    runnable = []
     for message in messages:
+        target = message.target_group
+        if target is not None and target != message.group:
+            # A dead letter replayed for another group: this group handled it the first time.
+            acked.append(message.id)
+            continue
         try:
             # Decode before the handler runs, so poison input is found even if the handler
             # would never have looked at the payload.
@@ -39,8 +45,20 @@ def run_chunk(handler, messages):
             logger.error("Consumer %s: entry %s on %s is poison: %s", message.consumer, message.id, message.stream, exc)
             failed.append(Outcome(message, POISON, exc))
             continue
+        runnable.append(message)
+    if guard is not None and runnable:
+        runnable, duplicates, busy = guard.begin(runnable)
+        acked.extend(m.id for m in duplicates)
+        failed.extend(Outcome(m, FAILED, exc) for m, exc in busy)
+    succeeded = []
+    errored = []
+    for message in runnable:
         try:
-            handler(message)
+            if guard is None:
+                handler(message)
+            elif not guard.call(handler, message):
+                logger.info("Consumer %s: entry %s of %s/%s is a duplicate; acked without running the handler",
+                            message.consumer, message.id, message.stream, message.group)
         except Exception as exc:
             logger.warning(
                 "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s: %s",
@@ -48,8 +66,12 @@ def run_chunk(handler, messages):
                 type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
             )
             failed.append(Outcome(message, FAILED, exc))
+            errored.append(message)
         else:
             acked.append(message.id)
+            succeeded.append(message)
+    if guard is not None:
+        guard.end(succeeded, errored)
     elapsed = time.perf_counter() - started
     close_old_connections()
     return acked, failed, elapsed / max(len(messages), 1)

@@ -16,3 +16,13 @@ def stream_key(stream):
 
 def dead_letter_key(stream):
     return f"{hash_tag(stream)}:dlq"
+
+
+def error_key(stream, group, entry_id):
+    """The last error of a pending entry (a hash with a TTL): read when the entry is dead-lettered."""
+    return f"{hash_tag(stream)}:error:{group}:{entry_id}"
+
+
+def idempotency_key(stream, group, key):
+    """The Redis idempotency guard of ``key`` in ``group``."""
+    return f"{hash_tag(stream)}:idem:{group}:{key}"

@@ -1,11 +1,19 @@
 """The read loop of one consumer group inside one worker process.
 
-One pass of the loop is ``tick()``: collect finished handlers, ack them in one XACK, then either
-take over abandoned entries (XAUTOCLAIM and this consumer's own failed ones) or read new entries
-(XREADGROUP ``>``), and hand them to the handler threads. Reads are sized by free handler slots,
-so a worker never hoards entries it cannot start soon: hoarded entries would look abandoned to
-other consumers after the pending timeout and be handled twice.
+One pass of the loop is ``tick()``: collect finished handlers, ack them in one XACK, record
+failures (last errors, dead-letter moves) in one pipeline, then either take over entries (this
+consumer's own failed ones whose back-off has passed, and entries abandoned by other consumers)
+or read new entries (XREADGROUP ``>``), and hand them to the handler threads. Reads are sized by
+free handler slots, so a worker never hoards entries it cannot start soon: hoarded entries would
+look abandoned to other consumers after the pending timeout and be handled twice.
+
+Retries: a failed entry stays pending and goes on a heap keyed by when its back-off ends; it is
+redelivered with XCLAIM by this consumer then. Entries of other consumers are found with
+XPENDING ... IDLE (idle time and delivery count) and claimed only when idle past both the pending
+timeout and their back-off, so a message that kills its worker is not retried in a hot loop.
+At max_deliveries, or at once for undecodable input, an entry is moved to ``{S}:dlq``.
 """
+import heapq
 import logging
 import queue
 import random
@@ -13,10 +21,14 @@ import time
 
 import redis
 
+from streams_app import deadletters
 from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.execution import run_chunk
+from streams_app.execution import POISON, run_chunk
 from streams_app.groups import ensure_group, is_nogroup
+from streams_app.idempotency import make_guard
+from streams_app.keys import dead_letter_key
 from streams_app.message import Message
+from streams_app.retry import backoff_policy, backoff_seconds, claimable_idle_ms
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -25,6 +37,8 @@ BUSY_BLOCK_MS = 50
 # Aim for chunks of about this much handler time: big enough to amortise the hand-off to a
 # thread for fast handlers, one message at a time for slow ones.
 CHUNK_TARGET_SECONDS = 0.005
+# Pending entries looked at per XPENDING page while searching for abandoned ones.
+PENDING_PAGE = 200
 
 
 def _str(value):
@@ -47,6 +61,10 @@ class GroupLoop:
         self.pending_timeout_ms = config["PENDING_TIMEOUT_MS"]
         self.claim_interval = config["CLAIM_INTERVAL_MS"] / 1000
         self.backoff_max = config["RECONNECT_BACKOFF_MAX"]
+        self.max_deliveries = spec.max_deliveries
+        self.retry_base, self.retry_cap = backoff_policy(spec, config)
+        self.error_ttl = config["ERROR_TTL"]
+        self.guard = make_guard(spec, conn, config)
         self.slots = 2 * threads
         self.max_chunk = max(1, -(-self.batch // threads))
         self.chunk_size = 1
@@ -57,8 +75,11 @@ class GroupLoop:
         self.to_ack = []
         self.ready = False
         self.next_claim = 0.0
-        self.claim_cursor = None  # XAUTOCLAIM scan in progress
-        self.own_cursor = None  # scan of this consumer's own pending entries in progress
+        self.claim_cursor = None  # XPENDING scan for abandoned entries in progress
+        self.retries = []  # heap of (due, entry id, deliveries so far) of this consumer's failed entries
+        self.errors = []  # (id, error, traceback) to record as last errors
+        self.to_dead_letter = []  # (id, error, traceback) to move to the dead-letter stream
+        self.dead_lettered = 0
         self.reading = False  # inside a blocking XREADGROUP (shutdown unblocks it)
         self.failures = 0
         self.handled = 0
@@ -101,13 +122,16 @@ class GroupLoop:
             self.ready = True
         self.collect()
         self.flush_acks()
+        self.flush_failures()
         free = self.slots - self.busy_chunks
         if self.busy_chunks and free < max(1, self.slots // 2):
             self.collect(timeout=min(1.0, self.block_ms / 1000))
             self.flush_acks()
+            self.flush_failures()
             return
         capacity = min(self.batch, free * self.chunk_size)
-        if self.claim_cursor is not None or self.own_cursor is not None or now >= self.next_claim:
+        next_retry = self.retries[0][0] if self.retries else float("inf")
+        if self.claim_cursor is not None or now >= self.next_claim or now >= next_retry:
             entries = self.take_over(capacity, now)
             if entries:
                 self.dispatch(entries)
@@ -115,7 +139,7 @@ class GroupLoop:
         if self.busy_chunks:
             block = BUSY_BLOCK_MS
         else:
-            block = min(self.block_ms, max(1, int((self.next_claim - now) * 1000)))
+            block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
         self.dispatch(self.read_new(capacity, block))
 
     # -- reading ----------------------------------------------------------------------------
@@ -131,46 +155,69 @@ class GroupLoop:
         return [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
 
     def take_over(self, capacity, now):
-        """Entries abandoned by other consumers first, then this consumer's own failed ones."""
-        if self.own_cursor is None:
-            cursor, claimed, deleted = self.conn.xautoclaim(
-                self.stream, self.group, self.consumer, self.pending_timeout_ms,
-                start_id=self.claim_cursor or "0-0", count=capacity,
-            )
-            if deleted:
-                # Redis 7 has already dropped these from the PEL: their entries were deleted.
-                logger.warning("Consumer %s: %d pending entries of %s were deleted from the stream before being handled: %s",
-                               self.consumer, len(deleted), self.stream, ", ".join(map(_str, deleted[:10])))
-            cursor = _str(cursor)
-            self.claim_cursor = None if cursor == "0-0" else cursor
-            if self.claim_cursor is None:
-                self.own_cursor = "0-0"
-            entries = [(_str(i), f) for i, f in claimed if i is not None]
-            if entries:
-                logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
-        else:
-            reply = self.conn.xreadgroup(self.group, self.consumer, {self.stream: self.own_cursor}, count=capacity)
-            found = [(_str(i), f) for _, entries in reply or () for i, f in entries]
-            self.own_cursor = found[-1][0] if len(found) >= capacity else None
-            gone = [i for i, f in found if not f]
-            if gone:
-                self.to_ack.extend(gone)  # deleted from the stream: nothing left to handle
-            in_flight = self.in_flight
-            entries = [(i, f) for i, f in found if f and i not in in_flight]
-        if self.claim_cursor is None and self.own_cursor is None:
-            self.next_claim = now + self.claim_interval
-        return self._with_deliveries(entries)
+        """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
+        entries = self._due_retries(capacity, now)
+        if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
+            entries += self._claim_abandoned(capacity - len(entries), now)
+        return entries
 
-    def _with_deliveries(self, entries):
-        if not entries:
+    def _due_retries(self, capacity, now):
+        due = []
+        while self.retries and self.retries[0][0] <= now and len(due) < capacity:
+            due.append(heapq.heappop(self.retries)[1:])
+        if not due:
             return []
-        ids = [i for i, _ in entries]
+        # XCLAIM to itself redelivers (and counts) one entry. Its min idle is most of the back-off:
+        # had another consumer claimed the entry meanwhile, its idle time would have been reset.
+        pipe = self.conn.pipeline(transaction=False)
+        for entry_id, deliveries in due:
+            min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
+            pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
+        entries = []
+        for (entry_id, deliveries), claimed in zip(due, pipe.execute()):
+            # Deleted from the stream: Redis drops it from the PEL and returns nothing.
+            entries.extend((_str(i), f, deliveries + 1) for i, f in claimed if f)
+        return entries
+
+    def _claim_abandoned(self, room, now):
+        """Claim entries of other consumers idle past the pending timeout and their back-off.
+
+        Entries at or over max_deliveries are dead-lettered instead. XCLAIM's own min-idle check
+        makes a race with another consumer safe: the loser's claim returns nothing.
+        """
         rows = self.conn.xpending_range(
-            self.stream, self.group, min=ids[0], max=ids[-1],
-            count=len(ids) + sum(map(len, self.chunks.values())), consumername=self.consumer,
+            self.stream, self.group, min=self.claim_cursor or "-", max="+", count=PENDING_PAGE,
+            idle=self.pending_timeout_ms,
         )
-        counts = {_str(row["message_id"]): row["times_delivered"] for row in rows}
-        return [(i, f, counts.get(i, 1)) for i, f in entries]
+        wanted = {}
+        last = None
+        busy_here = None
+        for row in rows:
+            last = _str(row["message_id"])
+            deliveries = row["times_delivered"]
+            if _str(row["consumer"]) == self.consumer:
+                if busy_here is None:
+                    busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
+                if last in busy_here:
+                    continue
+                # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh,
+                # or its chunk was lost): treat it like any abandoned entry.
+            if deliveries >= self.max_deliveries:
+                self.to_dead_letter.append((last, "", ""))  # "" = the error recorded by the failing worker
+            elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
+                wanted[last] = deliveries
+                if len(wanted) >= room:
+                    break
+        self.claim_cursor = "(" + last if last is not None and (len(rows) >= PENDING_PAGE or len(wanted) >= room) else None
+        if self.claim_cursor is None:
+            self.next_claim = now + self.claim_interval
+        if not wanted:
+            return []
+        claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
+        entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+        if entries:
+            logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
+        return entries
 
     # -- handing to threads and collecting --------------------------------------------------
 
@@ -181,7 +228,7 @@ class GroupLoop:
         size = self.chunk_size
         for start in range(0, len(messages), size):
             chunk = messages[start : start + size]
-            future = self.executor.submit(run_chunk, self.spec.handler, chunk)
+            future = self.executor.submit(run_chunk, self.spec.handler, chunk, self.guard)
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
 
@@ -202,8 +249,10 @@ class GroupLoop:
         chunk = self.chunks.pop(future)
         try:
             acked, failed, seconds = future.result()
-        except BaseException:  # run_chunk catches handler errors; this is a bug or a cancel
+        except BaseException:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
+            for message in chunk:
+                self._schedule_retry(message.id, message.deliveries)
             return
         self._adapt_chunk(seconds)
         self.to_ack.extend(acked)
@@ -211,7 +260,35 @@ class GroupLoop:
             self.on_failure(outcome)
 
     def on_failure(self, outcome):
-        """A failed or undecodable entry stays pending: it is retried at the next take-over pass."""
+        """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
+        message = outcome.message
+        poison = outcome.status == POISON
+        error, traceback = deadletters.describe(outcome.error, poison=poison)
+        if poison or message.deliveries >= self.max_deliveries:
+            self.to_dead_letter.append((message.id, error, traceback))
+        else:
+            self.errors.append((message.id, error, traceback))
+            self._schedule_retry(message.id, message.deliveries)
+
+    def _schedule_retry(self, entry_id, deliveries):
+        due = self.clock() + backoff_seconds(deliveries, self.retry_base, self.retry_cap)
+        heapq.heappush(self.retries, (due, entry_id, deliveries))
+
+    def flush_failures(self):
+        """Record last errors and make dead-letter moves in one round trip (failures only: off the hot path)."""
+        if not self.errors and not self.to_dead_letter:
+            return
+        pipe = self.conn.pipeline(transaction=False)
+        deadletters.record_errors(self.conn, self.stream, self.group, self.consumer, self.errors, self.error_ttl, pipeline=pipe)
+        deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
+        replies = pipe.execute()
+        moved = [r for reply in replies[2 * len(self.errors):] for r in reply if r not in (0, b"gone", "gone")]
+        if moved:
+            self.dead_lettered += len(moved)
+            logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(moved),
+                           self.stream, self.group, dead_letter_key(self.stream))
+        self.errors = []
+        self.to_dead_letter = []
 
     def _adapt_chunk(self, seconds):
         avg = self.seconds_per_message
@@ -235,7 +312,7 @@ class GroupLoop:
             self.collect(timeout=min(0.1, max(0.001, self.shutdown.deadline - self.clock())))
             self._try_flush()
         self.collect()
-        while self.to_ack and not self._try_flush() and self.clock() < self.shutdown.deadline:
+        while (self.to_ack or self.to_dead_letter) and not self._try_flush() and self.clock() < self.shutdown.deadline:
             time.sleep(0.1)
         if self.busy_chunks or self.to_ack:
             logger.warning("Consumer %s: stopping with %d entries of %s/%s unacknowledged; they stay pending for takeover",
@@ -244,6 +321,7 @@ class GroupLoop:
     def _try_flush(self):
         try:
             self.flush_acks()
+            self.flush_failures()
             return True
         except TRANSIENT_ERRORS:
             return False

@@ -90,6 +90,12 @@ class Message:
         return self._fields
 
     @property
+    def target_group(self):
+        """Set on replayed dead letters: only this group handles the entry; others ack it unseen."""
+        raw = _raw(self.raw_fields, b"target_group")
+        return None if raw is None else _text(raw)
+
+    @property
     def key(self):
         """The idempotency key the producer gave, or None."""
         raw = _raw(self.raw_fields, b"key")

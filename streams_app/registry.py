@@ -5,6 +5,8 @@ from streams_app.exceptions import ConsumerConfigError, PublishError
 from streams_app.producer import validate_stream_name
 
 _START_CHOICES = ("0", "$")
+IDEMPOTENT_CHOICES = (None, "redis", "db")
+RETENTION_CHOICES = (None, "acked")
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,19 @@ class ConsumerSpec:
     options: dict = field(default_factory=dict, compare=False)
 
     @property
+    def retry_backoff(self):
+        """(base, cap) in seconds, or None for the STREAMS defaults."""
+        return self.options.get("retry_backoff")
+
+    @property
+    def idempotent(self):
+        return self.options.get("idempotent")
+
+    @property
+    def retention(self):
+        return self.options.get("retention")
+
+    @property
     def name(self):
         return f"{self.stream}:{self.group}"
 
@@ -29,10 +44,31 @@ class ConsumerSpec:
 _registry: dict[tuple[str, str], ConsumerSpec] = {}
 
 
-def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, **options):
+def _check_backoff(value):
+    """``retry_backoff`` is a base in seconds (doubling per delivery, capped by RETRY_BACKOFF_MAX) or (base, cap)."""
+    if value is None:
+        return None
+    pair = value if isinstance(value, (tuple, list)) else (value, None)
+    if len(pair) != 2:
+        raise ConsumerConfigError(f"retry_backoff must be seconds or (base, cap) seconds, not {value!r}")
+    for number in pair:
+        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0):
+            raise ConsumerConfigError(f"retry_backoff must be seconds or (base, cap) seconds (0 or more), not {value!r}")
+    if pair[1] is not None and pair[1] < pair[0]:
+        raise ConsumerConfigError(f"retry_backoff cap {pair[1]!r} is below its base {pair[0]!r}")
+    return (float(pair[0]), None if pair[1] is None else float(pair[1]))
+
+
+def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
+             retention=None, **options):
     """Register ``handler(message)`` for ``group`` on ``stream``.
 
     ``start`` is where a new group begins: "0" (the whole stream) or "$" (only new entries).
+    ``max_deliveries``: deliveries before a failing entry goes to the dead-letter stream.
+    ``retry_backoff``: seconds before the first retry, doubling per delivery; or (base, cap).
+    ``idempotent``: None, "redis" (a SET NX guard per message key) or "db" (a ProcessedMessage row
+    written in the handler's own transaction). ``retention="acked"``: the reclaim daemon trims
+    entries every group of the stream has acknowledged.
     """
     try:
         validate_stream_name(stream)
@@ -44,8 +80,14 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, **option
         raise ConsumerConfigError(f"start must be '0' or '$', not {start!r}")
     if batch is not None and (not isinstance(batch, int) or batch <= 0):
         raise ConsumerConfigError(f"batch must be a positive integer, not {batch!r}")
-    if not isinstance(max_deliveries, int) or max_deliveries <= 0:
+    if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries <= 0:
         raise ConsumerConfigError(f"max_deliveries must be a positive integer, not {max_deliveries!r}")
+    if idempotent not in IDEMPOTENT_CHOICES:
+        raise ConsumerConfigError(f"idempotent must be None, 'redis' or 'db', not {idempotent!r}")
+    if retention not in RETENTION_CHOICES:
+        raise ConsumerConfigError(f"retention must be None or 'acked', not {retention!r}")
+    options = {**options, "retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent,
+               "retention": retention}
 
     def register(handler):
         spec = ConsumerSpec(stream, group, handler, start, batch, max_deliveries, dict(options))

@@ -68,8 +68,13 @@ def test_poison_payload_does_not_block_the_rest(redis, make_loop):
     run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.in_flight)
     assert redis.lrange("handled:jobs:a", 0, -1) == [good]
     assert redis.llen("started:jobs:a") == 1  # the handler never saw the poison entries
-    pending = {p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)}
-    assert pending == {bad, not_utf8}
+    # Poison goes to the dead-letter stream after one delivery, with no retries.
+    run_until(loop, lambda: redis.xlen("{jobs}:dlq") == 2)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+    letters = {f[b"origin_id"].decode(): f for _, f in raw.xrange("{jobs}:dlq")}  # raw: one payload is not UTF-8
+    assert set(letters) == {bad, not_utf8}
+    assert letters[not_utf8][b"payload"] == b"\xff\xfe"  # kept byte for byte
+    assert all(f[b"error"].startswith(b"decode: ") and f[b"deliveries"] == b"1" for f in letters.values())
 
 
 def test_data_field_is_accepted_as_payload(redis, make_loop):

@@ -3,6 +3,8 @@
 ``started:<stream>:<group>`` and ``handled:<stream>:<group>`` are lists of entry ids (RPUSH), so a
 test counts handlings and duplicates exactly. Payload keys: ``sleep`` (seconds), ``fail`` (raise).
 """
+import os
+import signal
 import time
 
 from streams_app import consumer
@@ -32,3 +34,51 @@ consumer("queue:order-processing", group="workers")(behave)
 def noop(message):
     pass
 
+
+# -- failure handling (tests/streams_app/test_failures.py and friends) ------------------------
+
+FAILING_CALLS = []  # (entry id, delivery, monotonic time): in-process loop tests read it
+
+
+@consumer("failing", group="g", max_deliveries=4, retry_backoff=(0.2, 5))
+def always_fails(message):
+    FAILING_CALLS.append((message.id, message.deliveries, time.monotonic()))
+    record("started", message)
+    raise ValueError(f"cannot handle {message.payload!r}")
+
+
+@consumer("suicide", group="g", max_deliveries=3)
+def kills_its_process(message):
+    """Dies mid-handler, as a segfault or the OOM killer would: no error is ever recorded."""
+    record("started", message)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@consumer("idem", group="r", idempotent="redis", retry_backoff=0.05)
+def idempotent_in_redis(message):
+    behave(message)
+
+
+@consumer("dbjobs", group="d", idempotent="db")
+def idempotent_in_db(message):
+    """Writes an Effect row; ``die_after_commit`` SIGKILLs the worker after the commit, before the ack."""
+    from django.db import transaction
+
+    from tests.testapp.models import Effect
+
+    record("started", message)
+    Effect.objects.create(name=message.payload["name"], entry_id=message.id)
+    if message.payload.get("die_after_commit") and message.deliveries == 1:
+        transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+consumer("ledger", group="fast", retention="acked")(behave)
+consumer("ledger", group="slow")(behave)
+
+
+@consumer("recovery", group="bench")
+def slow_first_time(message):
+    """bench/recovery.py: the first delivery hangs (the worker is killed holding it); takeovers are quick."""
+    if message.deliveries == 1:
+        time.sleep(600)
+    record("handled", message)

@@ -1,0 +1,15 @@
+-- Remove consumers of one group that hold no pending entries and have been idle at least ARGV[2] ms.
+-- KEYS: stream. ARGV: group, min idle (ms). Returns the names removed.
+-- Checked and deleted in one script: a consumer cannot read an entry between the check and the
+-- XGROUP DELCONSUMER (which would drop that entry from the PEL, unacknowledged).
+local removed = {}
+local min_idle = tonumber(ARGV[2])
+for _, info in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local c = {}
+  for j = 1, #info, 2 do c[info[j]] = info[j + 1] end
+  if c.pending == 0 and c.idle >= min_idle then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], c.name)
+    removed[#removed + 1] = c.name
+  end
+end
+return removed

@@ -1,0 +1,47 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from streams_app.exceptions import StreamsError
+from streams_app.replay import replay
+
+
+class Command(BaseCommand):
+    help = "Put dead letters of STREAM back on STREAM for one group only; other groups do not see them again."
+
+    def add_arguments(self, parser):
+        parser.add_argument("stream", help="The origin stream, e.g. orders (its dead letters are in {orders}:dlq).")
+        parser.add_argument("--group", required=True, help="The group that failed the entries and will handle them again.")
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--id", dest="ids", action="append", metavar="ID",
+                           help="A dead-letter entry id (the id in {STREAM}:dlq); repeat for several.")
+        which.add_argument("--all", action="store_true", help="Every dead letter of the group.")
+        parser.add_argument("--payload", help="JSON that replaces the payload of every replayed entry.")
+        parser.add_argument("--dry-run", action="store_true", help="Show what would be replayed; change nothing.")
+
+    def handle(self, *args, stream, group, ids, all, payload, dry_run, verbosity, **options):
+        override = None
+        if payload is not None:
+            try:
+                override = json.loads(payload)
+            except ValueError as exc:
+                raise CommandError(f"--payload is not valid JSON ({exc}); quote it, e.g. --payload '{{\"n\": 1}}'") from None
+        progress = None
+        if all and verbosity > 0:
+            def progress(scanned, total):
+                self.stdout.write(f"  scanned {scanned}/{total} dead letters", ending="\r" if scanned < total else "\n")
+                self.stdout.flush()
+        try:
+            result = replay(stream, group, ids=ids, all=all, payload_override=override, dry_run=dry_run, progress=progress)
+        except StreamsError as exc:
+            raise CommandError(str(exc)) from None
+        for dead_id, new_id in result.replayed:
+            if verbosity > 1 or dry_run:
+                self.stdout.write(f"{dead_id} -> {new_id or '(dry run)'}")
+        for dead_id, why in result.skipped.items():
+            reason = "not in the dead-letter stream" if why == "missing" else "dead-lettered by another group"
+            self.stderr.write(f"{dead_id}: skipped, {reason}")
+        verb = "Would replay" if dry_run else "Replayed"
+        self.stdout.write(self.style.SUCCESS(f"{verb} {len(result.replayed)} dead letters of {stream} for group {group}"))
+        if ids and result.skipped and not result.replayed:
+            raise CommandError(f"none of the given ids could be replayed for group {group}; see above.")

@@ -1,0 +1,55 @@
+import logging
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from streams_app.reclaim import Reclaimer
+from streams_app.registry import registered
+
+_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def positive_float(text):
+    value = float(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+positive_float.__name__ = "positive number"
+
+
+class Command(BaseCommand):
+    help = ("Run the reclaim daemon: dead-letter entries over their delivery limit, remove idle consumers, "
+            "trim acknowledged entries (retention='acked'), record snapshots. One pass per interval.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--interval", type=positive_float,
+                            help="Seconds between passes (default STREAMS['RECLAIM_INTERVAL']).")
+        parser.add_argument("--once", action="store_true", help="Make one pass and exit.")
+        parser.add_argument("--metrics-port", type=int,
+                            help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
+
+    def handle(self, *args, interval, once, metrics_port, verbosity, **options):
+        logging.getLogger("streams_app").setLevel(_LEVELS.get(verbosity, logging.INFO))
+        specs = registered()
+        if not specs:
+            raise CommandError("no consumers are registered, so there is nothing to reclaim. Declare one with "
+                               "@consumer(...) in a consumers.py module of an installed app.")
+        reclaimer = Reclaimer(specs)
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            try:
+                start_http_server(metrics_port)
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on port {metrics_port}: {exc}") from None
+
+        def on_signal(signum, frame):
+            reclaimer.stop.set()  # the current pass finishes; run() returns before the next
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.stdout.write(f"Reclaimer: watching {len(specs)} groups ({', '.join(s.name for s in specs)})")
+        reclaimer.run(interval=interval, once=once)
+        self.stdout.write(self.style.SUCCESS(f"Reclaimer: stopped after {reclaimer.passes} passes"))

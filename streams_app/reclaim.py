@@ -1,0 +1,220 @@
+"""The reclaim daemon: one pass (``tick``) per interval over every registered group.
+
+A pass: dead-letters pending entries at or over their group's max_deliveries (left by workers
+that died mid-handler, over and over), removes consumers idle with nothing pending, trims
+acknowledged entries of streams with ``retention="acked"``, and records snapshots (GroupSnapshot
+rows for the admin charts, Prometheus gauges). Several daemons may run at once: each step is
+safe to repeat or race (the dead-letter move checks the PEL inside its script; the consumer
+clean-up is one script; trimming only ever removes entries every group has acknowledged).
+"""
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import redis
+from django.db import DatabaseError
+
+from streams_app import deadletters, keys, metrics, scripts
+from streams_app.conf import get_settings
+from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.groups import is_nogroup
+from streams_app.registry import registered
+
+logger = logging.getLogger("streams_app.reclaim")
+
+AUDIT_PAGE = 1000
+
+
+def _str(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def next_id(entry_id):
+    """The smallest stream id after ``entry_id``."""
+    ms, _, seq = _str(entry_id).partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _id_key(entry_id):
+    ms, _, seq = _str(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _absent(exc):
+    """The stream or group does not exist (yet): its consumers create it when they start."""
+    return is_nogroup(exc) or "no such key" in str(exc)
+
+
+@dataclass
+class PassReport:
+    dead_lettered: dict = field(default_factory=dict)  # "stream:group" -> entries moved
+    consumers_removed: dict = field(default_factory=dict)  # "stream:group" -> names
+    trimmed: dict = field(default_factory=dict)  # stream -> entries trimmed
+    snapshots: int = 0
+    errors: list = field(default_factory=list)
+
+
+class Reclaimer:
+    def __init__(self, specs=None, *, conn=None, config=None, clock=time.time):
+        self.specs = list(specs) if specs is not None else registered()
+        self.conn = conn or get_connection()
+        self.config = config or dict(get_settings())
+        self.clock = clock  # wall clock: snapshots carry it
+        self.stop = threading.Event()
+        self.passes = 0
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, interval=None, once=False):
+        interval = self.config["RECLAIM_INTERVAL"] if interval is None else interval
+        while True:
+            self.tick()
+            if once or self.stop.wait(interval):
+                return
+
+    def tick(self, now=None):
+        """One pass over every group. A group whose Redis calls fail is skipped until the next pass."""
+        now = self.clock() if now is None else now
+        report = PassReport()
+        for spec in self.specs:
+            try:
+                self.audit(spec, report)
+                self.remove_idle_consumers(spec, report)
+            except TRANSIENT_ERRORS as exc:
+                report.errors.append(f"{spec.name}: {exc}")
+                logger.warning("Reclaimer: Redis unreachable while checking %s (%s); next pass will retry", spec.name, exc)
+            except redis.ResponseError as exc:
+                if not _absent(exc):
+                    raise
+        for stream in sorted({s.stream for s in self.specs if s.retention == "acked"}):
+            try:
+                self.trim(stream, report)
+            except TRANSIENT_ERRORS as exc:
+                report.errors.append(f"{stream}: {exc}")
+                logger.warning("Reclaimer: Redis unreachable while trimming %s (%s)", stream, exc)
+            except redis.ResponseError as exc:
+                if not _absent(exc):
+                    raise
+        try:
+            self.snapshot(now, report)
+        except TRANSIENT_ERRORS as exc:
+            report.errors.append(f"snapshots: {exc}")
+            logger.warning("Reclaimer: Redis unreachable while taking snapshots (%s)", exc)
+        except DatabaseError as exc:
+            report.errors.append(f"snapshots: {exc}")
+            logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
+        self.passes += 1
+        return report
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def audit(self, spec, report):
+        """Dead-letter entries of ``spec``'s group at or over max_deliveries and idle past the pending timeout.
+
+        Idle only: an entry on its last delivery that a live worker is handling right now is left
+        alone (the worker dead-letters it itself if it fails).
+        """
+        over = []
+        cursor = "-"
+        while True:
+            rows = self.conn.xpending_range(spec.stream, spec.group, min=cursor, max="+", count=AUDIT_PAGE,
+                                            idle=self.config["PENDING_TIMEOUT_MS"])
+            over += [_str(r["message_id"]) for r in rows if r["times_delivered"] >= spec.max_deliveries]
+            if len(rows) < AUDIT_PAGE:
+                break
+            cursor = "(" + _str(rows[-1]["message_id"])
+        if not over:
+            return 0
+        results = deadletters.move(self.conn, spec.stream, spec.group, [(i, "", "") for i in over])
+        moved = sum(1 for r in results if r not in (0, "gone"))
+        if moved:
+            report.dead_lettered[spec.name] = moved
+            metrics.dead_lettered.labels(spec.stream, spec.group).inc(moved)
+            logger.warning("Reclaimer: moved %d entries of %s over %d deliveries to %s",
+                           moved, spec.name, spec.max_deliveries, keys.dead_letter_key(spec.stream))
+        return moved
+
+    def remove_idle_consumers(self, spec, report):
+        """XGROUP DELCONSUMER for consumers with nothing pending, idle past DEAD_CONSUMER_IDLE."""
+        min_idle = int(self.config["DEAD_CONSUMER_IDLE"] * 1000)
+        removed = [_str(n) for n in scripts.run(self.conn, "remove_idle_consumers", [spec.stream], [spec.group, min_idle])]
+        if removed:
+            report.consumers_removed[spec.name] = removed
+            logger.info("Reclaimer: removed %d idle consumers with nothing pending from %s: %s",
+                        len(removed), spec.name, ", ".join(removed))
+        return removed
+
+    def safe_trim_id(self, stream):
+        """The lowest id some group still needs (pending, or not yet delivered), or None: trim below it.
+
+        XINFO GROUPS gives each group's pending count and last delivered id at one instant. With
+        nothing pending, every entry up to the last delivered id is acknowledged, for good. With
+        entries pending, the lowest of them (XPENDING, read after) bounds the trim: anything below
+        it is acknowledged, since undelivered entries all lie above the last delivered id.
+        """
+        groups = self.conn.xinfo_groups(stream)
+        if not groups:
+            return None  # nobody reads this stream yet: every entry is unread
+        bounds = []
+        for group in groups:
+            bound = next_id(group["last-delivered-id"])
+            if group["pending"]:
+                lowest = self.conn.xpending(stream, group["name"]).get("min")
+                if lowest is not None:
+                    bound = min(bound, _str(lowest), key=_id_key)
+            bounds.append(bound)
+        return min(bounds, key=_id_key)
+
+    def trim(self, stream, report):
+        minid = self.safe_trim_id(stream)
+        if minid is None or minid == "0-1":
+            return 0
+        trimmed = self.conn.xtrim(stream, minid=minid, approximate=False)
+        if trimmed:
+            report.trimmed[stream] = trimmed
+            metrics.trimmed.labels(stream).inc(trimmed)
+            logger.info("Reclaimer: trimmed %d acknowledged entries of %s (below %s)", trimmed, stream, minid)
+        return trimmed
+
+    def snapshot(self, now, report):
+        """Set the gauges every pass; store a GroupSnapshot row per group once per SNAPSHOT_INTERVAL.
+
+        With several daemons, a short-lived key per group lets only one of them write each row.
+        """
+        from streams_app.models import GroupSnapshot, ProcessedMessage
+
+        interval_ms = int(self.config["SNAPSHOT_INTERVAL"] * 1000)
+        taken_at = datetime.fromtimestamp(now, timezone.utc)
+        rows = []
+        by_stream = {}
+        for spec in self.specs:
+            by_stream.setdefault(spec.stream, []).append(spec.group)
+        for stream, groups in by_stream.items():
+            if not self.conn.exists(stream):
+                continue
+            pipe = self.conn.pipeline(transaction=False)
+            pipe.xinfo_groups(stream)
+            pipe.xlen(keys.dead_letter_key(stream))
+            infos, dlq_length = pipe.execute()
+            metrics.dead_letters.labels(stream).set(dlq_length)
+            for info in infos:
+                name = _str(info["name"])
+                if name not in groups:
+                    continue
+                lag = info.get("lag")
+                if lag is not None:
+                    metrics.group_lag.labels(stream, name).set(lag)
+                metrics.group_pending.labels(stream, name).set(info["pending"])
+                metrics.group_consumers.labels(stream, name).set(info["consumers"])
+                if self.conn.set(f"{keys.hash_tag(stream)}:snapshot:{name}", "1", nx=True, px=max(1, interval_ms - 500)):
+                    rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,
+                                              pending=info["pending"], consumers=info["consumers"], dead_letters=dlq_length))
+        if rows:
+            GroupSnapshot.objects.bulk_create(rows)
+            report.snapshots = len(rows)
+            GroupSnapshot.objects.filter(taken_at__lt=taken_at - timedelta(seconds=self.config["SNAPSHOT_RETENTION"])).delete()
+            ProcessedMessage.objects.filter(
+                processed_at__lt=taken_at - timedelta(seconds=self.config["IDEMPOTENCY_TTL"])
+            ).delete()

@@ -1,0 +1,166 @@
+"""The reclaim daemon's pass, step by step, against a real Redis (in this process)."""
+import threading
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+
+from streams_app import publish_many
+from streams_app.conf import get_settings
+from streams_app.connection import get_connection
+from streams_app.models import GroupSnapshot
+from streams_app.reclaim import Reclaimer
+from streams_app.registry import select
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db  # a pass ends with snapshots, stored in the database
+
+
+def reclaimer(selectors, **overrides):
+    return Reclaimer(select(selectors), conn=get_connection(), config={**get_settings(), **overrides})
+
+
+def abandon(redis, stream, group, ids, deliveries, idle_ms=60_000, consumer="ghost"):
+    """Make ``ids`` pending for a consumer that died, with the given delivery count and idle time."""
+    try:
+        redis.xgroup_create(stream, group, id="0")
+    except Exception:
+        pass
+    redis.xreadgroup(group, consumer, {stream: ">"})
+    pipe = redis.pipeline(transaction=False)
+    for start in range(0, len(ids), 200):
+        pipe.xclaim(stream, group, consumer, 0, ids[start : start + 200], idle=idle_ms, retrycount=deliveries, justid=True)
+    pipe.execute()
+
+
+def test_audit_dead_letters_idle_entries_at_the_limit_with_their_last_error(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(4)])
+    abandon(redis, "jobs", "a", ids, deliveries=5)
+    redis.xclaim("jobs", "a", "ghost", 0, [ids[1]], idle=60_000, retrycount=4)  # one below the limit
+    redis.xclaim("jobs", "a", "busy", 0, [ids[2]], retrycount=5)  # at the limit, but being handled now
+    redis.hset(f"{{jobs}}:error:a:{ids[0]}", mapping={"error": "KeyError: 'sku'", "traceback": "Traceback ..."})
+    report = reclaimer(["jobs:a"], PENDING_TIMEOUT_MS=1000).tick()
+    assert report.dead_lettered == {"jobs:a": 2}
+    letters = {f["origin_id"]: f for _, f in redis.xrange("{jobs}:dlq")}
+    assert set(letters) == {ids[0], ids[3]}
+    assert letters[ids[0]]["error"] == "KeyError: 'sku'" and letters[ids[0]]["traceback"] == "Traceback ..."
+    assert letters[ids[3]]["error"].startswith("no handler error recorded: delivered 5 times")
+    assert letters[ids[3]]["deliveries"] == "5" and letters[ids[3]]["consumer"] == "ghost"
+    assert {p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)} == {ids[1], ids[2]}
+
+
+def test_two_reclaimers_racing_in_threads_move_each_entry_once(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(1000)])
+    abandon(redis, "jobs", "a", ids, deliveries=9)
+    daemons = [reclaimer(["jobs:a"]) for _ in range(2)]
+    start = threading.Barrier(2)
+    reports = [None, None]
+
+    def run(index):
+        from streams_app.reclaim import PassReport
+
+        reports[index] = PassReport()
+        start.wait()
+        daemons[index].audit(daemons[index].specs[0], reports[index])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    moved = [r.dead_lettered.get("jobs:a", 0) for r in reports]
+    assert sum(moved) == 1000, moved
+    origins = [f["origin_id"] for _, f in redis.xrange("{jobs}:dlq")]
+    assert len(origins) == 1000 and set(origins) == set(ids)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_idle_consumers_without_pending_entries_are_removed_and_holders_kept(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(2)])
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "holder", {"jobs": ">"}, count=1)
+    redis.xreadgroup("a", "finished", {"jobs": ">"}, count=1)
+    redis.xack("jobs", "a", ids[1])
+    daemon = reclaimer(["jobs:a"], DEAD_CONSUMER_IDLE=3600)
+    assert daemon.tick().consumers_removed == {}  # nobody idle for an hour
+    daemon.config["DEAD_CONSUMER_IDLE"] = 0.05
+    removed = wait_for(lambda: daemon.tick().consumers_removed, timeout=5, what="the idle consumer removed")
+    assert removed == {"jobs:a": ["finished"]}
+    time.sleep(0.1)
+    daemon.tick()
+    assert [c["name"] for c in redis.xinfo_consumers("jobs", "a")] == ["holder"]  # it holds an entry: kept
+    assert redis.xpending("jobs", "a")["pending"] == 1
+
+
+def test_safe_trimming_never_drops_what_a_lagging_group_has_not_acked(redis):
+    ids = publish_many("ledger", [{"n": n} for n in range(100)])
+    redis.xgroup_create("ledger", "fast", id="0")
+    redis.xgroup_create("ledger", "slow", id="0")
+    [[_, fast]] = redis.xreadgroup("fast", "f", {"ledger": ">"})
+    redis.xack("ledger", "fast", *[i for i, _ in fast])
+    [[_, slow]] = redis.xreadgroup("slow", "s", {"ledger": ">"}, count=50)
+    acked = [i for i, _ in slow][:20] + [i for i, _ in slow][30:40]  # a gap: 20..29 still pending
+    redis.xack("ledger", "slow", *acked)
+    daemon = reclaimer(["ledger:fast", "ledger:slow"])
+    report = daemon.tick()
+    assert report.trimmed == {"ledger": 20}
+    left = [i for i, _ in redis.xrange("ledger")]
+    assert left == ids[20:]  # entry 30..39 are acked by both but sit above a pending one: kept
+    for entry in ids[20:30] + ids[50:]:  # pending in slow, or never read by it
+        assert entry in left
+    assert daemon.tick().trimmed == {}  # nothing more is safe
+    redis.xack("ledger", "slow", *ids[20:30], *ids[40:50])
+    assert daemon.tick().trimmed == {"ledger": 30}  # up to what slow has read
+    assert [i for i, _ in redis.xrange("ledger")] == ids[50:]
+
+
+def test_trimming_is_only_for_streams_with_acked_retention_and_read_groups(redis):
+    publish_many("jobs", [{"n": n} for n in range(10)])
+    redis.xgroup_create("jobs", "a", id="0")
+    [[_, got]] = redis.xreadgroup("a", "c", {"jobs": ">"})
+    redis.xack("jobs", "a", *[i for i, _ in got])
+    assert reclaimer(["jobs:a"]).tick().trimmed == {}  # jobs has no retention="acked"
+    assert redis.xlen("jobs") == 10
+    publish_many("ledger", [{"n": n} for n in range(10)])
+    assert reclaimer(["ledger:fast"]).tick().trimmed == {}  # no group has read anything yet
+    assert redis.xlen("ledger") == 10
+
+
+def test_snapshots_rows_gauges_and_pruning(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(10)])
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "c", {"jobs": ">"}, count=4)
+    redis.xadd("{jobs}:dlq", {"payload": "{}"})
+    daemon = reclaimer(["jobs:a"], SNAPSHOT_INTERVAL=3600, SNAPSHOT_RETENTION=60)
+    now = time.time()
+    old = GroupSnapshot.objects.create(stream="jobs", group="a", taken_at=_utc(now - 120), lag=0, pending=0,
+                                       consumers=0, dead_letters=0)
+    assert daemon.tick(now=now).snapshots == 1
+    row = GroupSnapshot.objects.get(taken_at=_utc(now))
+    assert (row.lag, row.pending, row.consumers, row.dead_letters) == (6, 4, 1, 1)
+    assert not GroupSnapshot.objects.filter(pk=old.pk).exists()  # older than the retention
+    other = reclaimer(["jobs:a"], SNAPSHOT_INTERVAL=3600)
+    assert other.tick(now=now + 1).snapshots == 0  # one row per interval, however many daemons
+    labels = {"stream": "jobs", "group": "a"}
+    assert REGISTRY.get_sample_value("shoal_group_pending", labels) == 4
+    assert REGISTRY.get_sample_value("shoal_group_lag", labels) == 6
+    assert REGISTRY.get_sample_value("shoal_group_consumers", labels) == 1
+    assert REGISTRY.get_sample_value("shoal_dead_letters", {"stream": "jobs"}) == 1
+    assert len(ids) == 10
+
+
+def _utc(seconds):
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def test_a_stop_request_finishes_the_current_pass_and_returns(redis):
+    ids = publish_many("jobs", [{"n": n} for n in range(3)])
+    abandon(redis, "jobs", "a", ids, deliveries=5)
+    daemon = reclaimer(["jobs:a"], RECLAIM_INTERVAL=3600)
+    daemon.stop.set()  # what SIGTERM does (runreclaimer's handler only sets this flag)
+    started = time.monotonic()
+    daemon.run()
+    assert daemon.passes == 1 and redis.xlen("{jobs}:dlq") == 3  # the pass ran to its end
+    assert time.monotonic() - started < 60  # and did not wait out the hour-long interval
