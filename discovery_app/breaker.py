@@ -42,11 +42,15 @@ class Breakers:
 
     def available(self, key, now=None):
         """May a call go to ``key`` (without claiming the half-open trial)?"""
+        if key not in self._states:  # the common case, without the lock (a dict read is atomic)
+            return True
         return self.state(key, now) != OPEN
 
     def acquire(self, key, now=None):
         """Claim the right to call ``key``: always in closed, once per cool-down in half-open."""
         now = self.clock() if now is None else now
+        if key not in self._states:
+            return True
         with self._lock:
             st = self._states.get(key)
             state = self._state_of(st, now)

@@ -166,10 +166,10 @@ class ServiceRegistry:
         instance = build_instance(service, address, port, metadata, instance_id)
         self._owned[instance.instance_id] = instance
         _, now = self._write(instance, "register", pipeline)
-        if now is not None:
+        if now is not None:  # not pipelined: it is done
             instance = replace(instance, registered_at=now, last_heartbeat=now, ttl=self.ttl)
             self._owned[instance.instance_id] = instance
-        logger.info("Discovery: registered %s of %s at %s", instance.instance_id, service, instance.url)
+            logger.info("Discovery: registered %s of %s at %s", instance.instance_id, service, instance.url)
         return instance
 
     def heartbeat(self, instance_id, pipeline=None):
