@@ -138,3 +138,22 @@ def test_every_strategy_is_registered_by_name():
     assert set(STRATEGIES) == {"round-robin", "random", "weighted-random", "least-connections", "power-of-two-choices"}
     with pytest.raises(ValueError, match="unknown strategy"):
         DiscoveryClient(strategy="fastest")
+
+
+def test_round_robin_stays_exact_across_threads(three):
+    import threading
+
+    client = make_client("round-robin")
+    picks, lock = Counter(), threading.Lock()
+
+    def worker():
+        local = Counter(client.resolve("orders").instance_id for _ in range(300))
+        with lock:
+            picks.update(local)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert picks == {i.instance_id: 400 for i in three}

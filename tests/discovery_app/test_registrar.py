@@ -113,3 +113,15 @@ def test_register_command_rejects_bad_input_without_a_traceback(redis_server):
     assert proc.wait(timeout=30) == 1
     assert "CommandError: service name 'a{b}' may not contain braces" in proc.output()
     assert "Traceback" not in proc.output()
+
+
+def test_interpreter_exit_deregisters(redis_server, redis):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    code = ("from discovery_app.registrar import Registrar; "
+            "r = Registrar('orders', 'h', 1, interval=0.1).start(); "
+            "assert r.registered.is_set(); print('up', r.instance_id)")
+    proc = ConsumerProcess(["-c", code], env, command="shell")
+    assert proc.wait(timeout=60) == 0, proc.output()
+    assert "up orders-" in proc.output()
+    assert ServiceRegistry().instances("orders") == []
+    assert redis.zcard("discovery:{orders}:tombstones") == 1  # it was there, and was deregistered
