@@ -25,8 +25,8 @@ def test_discover_lists_services_and_instances(registry):
     assert a.instance_id in table and "http://10.0.0.1:8000" in table and "healthy" in table and "tags=blue" in table
     data = json.loads(run("orders", "--json"))
     assert data["service"] == "orders" and len(data["instances"]) == 2
-    row = data["instances"][0]
-    assert row["instance_id"] == a.instance_id and row["healthy"] is True and 0 <= row["heartbeat_age"] < 5
+    row = next(row for row in data["instances"] if row["instance_id"] == a.instance_id)
+    assert row["url"] == "http://10.0.0.1:8000" and row["zone"] == "a" and row["healthy"] is True and 0 <= row["heartbeat_age"] < 5
 
 
 def test_discover_with_nothing_registered(redis):

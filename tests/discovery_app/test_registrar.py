@@ -1,9 +1,11 @@
+import json
 import os
 import signal
 import time
 
 import pytest
 
+from discovery_app import keys
 from discovery_app.registrar import Registrar
 from discovery_app.registry import ServiceRegistry
 from tests.conftest import ConsumerProcess
@@ -29,14 +31,28 @@ def ids(service):
 
 
 def test_heartbeats_keep_a_live_instance_past_several_ttls(redis, registrars):
+    pubsub = redis.pubsub()
+    pubsub.subscribe(keys.events_channel())
     registrar = registrars("orders", "h", 1, {"zone": "a"}, interval=0.1, ttl=1.5).start()
     assert registrar.registered.is_set()
+    absent = []
     until = time.monotonic() + 4  # well over two TTLs
-    seen = wait_for(lambda: ids("orders") == [registrar.instance_id] and time.monotonic() > until and "done",
-                    timeout=15, what="4 s of heartbeats")
-    assert seen == "done"
+
+    def watched_long_enough():
+        if ids("orders") != [registrar.instance_id]:
+            absent.append(time.monotonic())
+        return time.monotonic() > until
+
+    wait_for(watched_long_enough, timeout=15, interval=0.05, what="4 s of heartbeats")
+    assert absent == []
     [found] = ServiceRegistry().instances("orders")
     assert found.last_heartbeat - found.registered_at > 3
+    events = []
+    while (message := pubsub.get_message(timeout=0.2)) is not None:
+        if message["type"] == "message":
+            events.append(json.loads(message["data"])["event"])
+    assert events == ["registered"]  # never expired, never re-registered
+    pubsub.close()
 
 
 def test_stop_deregisters(redis, registrars):
