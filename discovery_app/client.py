@@ -196,12 +196,13 @@ class DiscoveryClient:
     # -- internals -------------------------------------------------------------------------
 
     def _ensure_listener(self):
-        if not self.listen:
-            return
         if self._pid != os.getpid():
-            # A forked child inherits the object but not the thread (nor may it share the socket).
+            # A forked child inherits the object but not the thread (nor may it share the socket),
+            # and the parent's calls in flight are not its own.
             self._pid, self._listener = os.getpid(), None
             self._inflight.clear()
+        if not self.listen:
+            return
         if self._listener is None or not self._listener.alive:
             with self._lock:
                 if self._listener is None or not self._listener.alive:

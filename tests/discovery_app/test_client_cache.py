@@ -92,3 +92,19 @@ def test_client_recovers_when_redis_comes_back(redis_factory, use_redis, client_
         wait_for(lambda: client.resolve("orders").instance_id == fresh.instance_id, timeout=15,
                  what="the client to read the registry again after its back-off")
     assert any("back to normal" in r.getMessage() for r in caplog.records)
+
+
+def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed(redis_factory, use_redis, client_factory):
+    server = redis_factory()
+    use_redis(server)
+    old = ServiceRegistry().register("orders", "h", 1)
+    client = client_factory(cache_ttl=3600)
+    assert client.wait_listening(timeout=10)
+    assert ids(client.instances("orders")) == [old.instance_id]
+    server.stop()
+    wait_for(lambda: not client._listener.ready.is_set(), timeout=10, what="the listener to notice the outage")
+    server.start()  # empty: whatever happened meanwhile was never announced to this client
+    new = ServiceRegistry().register("orders", "h", 2)
+    assert client.wait_listening(timeout=15)
+    wait_for(lambda: ids(client.instances("orders")) == [new.instance_id], timeout=10,
+             what="the client to drop the entry it could not have been told about")
