@@ -1,0 +1,86 @@
+"""System checks for ``settings.DISCOVERY`` (ids discovery_app.E00x / W00x are stable)."""
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from discovery_app.balancers import STRATEGIES
+from discovery_app.defaults import DEFAULTS
+
+_POSITIVE_NUMBERS = ("TTL", "HEARTBEAT_INTERVAL", "HEALTHY_FACTOR", "TOMBSTONE_TTL", "CACHE_TTL",
+                     "BREAKER_COOLDOWN", "RETRY_BACKOFF_MAX", "HTTP_TIMEOUT")
+
+
+def _is_number(value):
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _fallback_errors(fallbacks):
+    if not isinstance(fallbacks, dict):
+        return [f"DISCOVERY['FALLBACKS'] must be a dict of service name -> list of URLs, not {type(fallbacks).__name__}."]
+    problems = []
+    for service, urls in fallbacks.items():
+        if isinstance(urls, str) or not isinstance(urls, (list, tuple)):
+            problems.append(f"DISCOVERY['FALLBACKS'][{service!r}] must be a list of URLs, not {urls!r}.")
+            continue
+        for url in urls:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+                problems.append(f"DISCOVERY['FALLBACKS'][{service!r}] has {url!r}, which is not an http(s)://host[:port] URL.")
+    return problems
+
+
+@register()
+def check_discovery_settings(app_configs=None, **kwargs):
+    user = getattr(settings, "DISCOVERY", {})
+    if not isinstance(user, dict):
+        return [Error(f"DISCOVERY must be a dict, not {type(user).__name__}.",
+                      hint="Write DISCOVERY = {'TTL': 30, ...} in settings; see discovery_app/defaults.py.",
+                      id="discovery_app.E001")]
+    errors = [
+        Error(f"DISCOVERY has an unknown key {key!r}.", hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+              id="discovery_app.E002")
+        for key in sorted(set(user) - set(DEFAULTS))
+    ]
+    merged = {**DEFAULTS, **user}
+    for key in _POSITIVE_NUMBERS:
+        if not _is_number(merged[key]) or merged[key] <= 0:
+            errors.append(Error(f"DISCOVERY[{key!r}] must be a positive number, not {merged[key]!r}.",
+                                id="discovery_app.E003"))
+    failures = merged["BREAKER_FAILURES"]
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures <= 0:
+        errors.append(Error(f"DISCOVERY['BREAKER_FAILURES'] must be a positive integer, not {failures!r}.",
+                            id="discovery_app.E003"))
+    if merged["STRATEGY"] not in STRATEGIES:
+        errors.append(Error(f"DISCOVERY['STRATEGY'] is {merged['STRATEGY']!r}, which is not a strategy.",
+                            hint=f"Choose one of {', '.join(STRATEGIES)}.", id="discovery_app.E004"))
+    for problem in _fallback_errors(merged["FALLBACKS"]):
+        errors.append(Error(problem, hint="e.g. {'order-service': ['http://10.0.0.5:8000']}", id="discovery_app.E005"))
+    ttl, interval = merged["TTL"], merged["HEARTBEAT_INTERVAL"]
+    if _is_number(ttl) and _is_number(interval) and ttl > 0 and interval > 0:
+        if interval >= ttl:
+            errors.append(Error(
+                f"DISCOVERY['HEARTBEAT_INTERVAL'] ({interval} s) is not below TTL ({ttl} s): "
+                "instances would expire between heartbeats.",
+                hint="Heartbeat at a third of the TTL (the defaults are 10 s and 30 s).", id="discovery_app.E006"))
+        elif interval > ttl / 2:
+            errors.append(Warning(
+                f"DISCOVERY['HEARTBEAT_INTERVAL'] ({interval} s) is above half the TTL ({ttl} s): "
+                "one late heartbeat expires the instance.",
+                hint="Heartbeat at a third of the TTL.", id="discovery_app.W001"))
+    if merged["ZONE"] is not None and not isinstance(merged["ZONE"], str):
+        errors.append(Error(f"DISCOVERY['ZONE'] must be a string or None, not {merged['ZONE']!r}.",
+                            id="discovery_app.E007"))
+    prefix = merged["KEY_PREFIX"]
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        errors.append(Error(f"DISCOVERY['KEY_PREFIX'] must be a non-empty string without braces, not {prefix!r}.",
+                            id="discovery_app.E008"))
+    alias = merged["REDIS_ALIAS"]
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        errors.append(Error(f"DISCOVERY['REDIS_ALIAS'] is {alias!r}, which is not in CACHES.",
+                            hint="Point it at a django-redis cache alias.", id="discovery_app.E009"))
+    elif "django_redis" not in caches[alias].get("BACKEND", ""):
+        errors.append(Error(f"CACHES[{alias!r}] does not use django-redis.",
+                            hint="Use BACKEND 'django_redis.cache.RedisCache'.", id="discovery_app.E009"))
+    return errors

@@ -1,0 +1,41 @@
+"""Names of the registry's Redis keys.
+
+Every key of one service embeds the service name as a hash tag, ``discovery:{orders}:instances``,
+so on Redis Cluster they share one slot and the Lua scripts that touch them all stay legal.
+Only the list of service names (``discovery:services``) lives elsewhere; it is a hint that
+readers double-check, never the truth about an instance.
+"""
+from discovery_app.conf import setting
+
+
+def _prefix():
+    return setting("KEY_PREFIX")
+
+
+def records_key(service):
+    """HASH instance id -> JSON record."""
+    return f"{_prefix()}:{{{service}}}:instances"
+
+
+def deadlines_key(service):
+    """ZSET instance id -> expiry (Redis server time, ms). The TTL of each instance."""
+    return f"{_prefix()}:{{{service}}}:deadlines"
+
+
+def tombstones_key(service):
+    """ZSET instance id -> when it was deregistered (ms); a late heartbeat must not bring it back."""
+    return f"{_prefix()}:{{{service}}}:tombstones"
+
+
+def service_keys(service):
+    return [records_key(service), deadlines_key(service), tombstones_key(service)]
+
+
+def services_key():
+    """SET of service names that have (or recently had) instances."""
+    return f"{_prefix()}:services"
+
+
+def events_channel():
+    """Pub/sub channel of change events: JSON {"event", "service", "instance_id"}."""
+    return f"{_prefix()}:events"

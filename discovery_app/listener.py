@@ -1,0 +1,84 @@
+"""Change events (pub/sub) that tell a DiscoveryClient to drop a service's cache entry at once.
+
+One daemon thread per client, with a connection of its own made in that thread. When the
+subscription breaks, events may have been missed: the client is told to drop every entry once
+it is back (``on_reconnect``).
+"""
+import json
+import logging
+import threading
+
+from discovery_app.connection import TRANSIENT_ERRORS
+
+logger = logging.getLogger("discovery_app.client")
+
+
+class ChangeListener:
+    def __init__(self, channel, connect, on_event, on_reconnect, backoff_max=10.0):
+        self.channel = channel
+        self.connect = connect
+        self.on_event = on_event
+        self.on_reconnect = on_reconnect
+        self.backoff_max = backoff_max
+        self.ready = threading.Event()  # set while subscribed
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self):
+        self._thread = threading.Thread(target=self.run, name="discovery-listener", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout=5.0):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self):
+        backoff = 0.1
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self.connect().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                pubsub.get_message(timeout=1.0)  # the subscribe confirmation: we are listening now
+                self.on_reconnect()
+                self.ready.set()
+                backoff = 0.1
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is not None:
+                        self._dispatch(message["data"])
+            except TRANSIENT_ERRORS as exc:
+                if self.ready.is_set():
+                    logger.warning("Discovery: lost the change-event subscription (%s); retrying", exc)
+                self.ready.clear()
+                self._stop.wait(backoff)
+                backoff = min(self.backoff_max, backoff * 2)
+            except Exception:
+                # Without events the cache still expires by its TTL: log loudly, keep trying.
+                logger.exception("Discovery: change-event listener failed; restarting it")
+                self.ready.clear()
+                self._stop.wait(backoff)
+                backoff = min(self.backoff_max, backoff * 2)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # noqa: BLE001 - closing a broken socket may fail; nothing to do
+                        pass
+        self.ready.clear()
+
+    def _dispatch(self, data):
+        try:
+            event = json.loads(data)
+            service = event["service"]
+        except (ValueError, KeyError, TypeError):
+            logger.warning("Discovery: ignoring an unreadable change event %r", data[:200])
+            return
+        logger.debug("Discovery: %s %s of %s", event.get("event"), event.get("instance_id"), service)
+        self.on_event(service)

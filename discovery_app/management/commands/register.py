@@ -1,0 +1,80 @@
+import logging
+import queue
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from discovery_app.exceptions import InvalidRegistration
+from discovery_app.registrar import Registrar
+
+_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def port_number(text):
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(text)
+    return value
+
+
+port_number.__name__ = "port (1-65535)"
+
+
+def weight_number(text):
+    value = float(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+weight_number.__name__ = "weight (a number >= 0)"
+
+
+class Command(BaseCommand):
+    help = ("Register an instance of SERVICE and heartbeat until SIGTERM/SIGINT, then deregister: "
+            "a sidecar for processes that are not Python.")
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        # The issue asks for --version V (the service's version); it replaces Django's --version.
+        return super().create_parser(prog_name, subcommand, conflict_handler="resolve", **kwargs)
+
+    def add_arguments(self, parser):
+        parser.add_argument("service", help="The service name clients resolve, e.g. order-service.")
+        parser.add_argument("--address", required=True, help="Host name or IP clients connect to.")
+        parser.add_argument("--port", required=True, type=port_number, help="TCP port clients connect to.")
+        parser.add_argument("--zone", help="Zone of the instance (clients prefer their own zone).")
+        parser.add_argument("--weight", type=weight_number, default=1.0, help="Weight for weighted-random (default 1).")
+        parser.add_argument("--version", dest="instance_version", default="", help="Version of the service.")
+        parser.add_argument("--tag", action="append", default=[], dest="tags", help="A tag; repeat for more.")
+        parser.add_argument("--instance-id", help="Instance id (default: SERVICE-HOST-PID-RANDOM).")
+        parser.add_argument("--interval", type=float, help="Seconds between heartbeats (default DISCOVERY['HEARTBEAT_INTERVAL']).")
+        parser.add_argument("--ttl", type=float, help="Seconds without a heartbeat before expiry (default DISCOVERY['TTL']).")
+
+    def handle(self, *args, service, address, port, zone, weight, instance_version, tags, instance_id,
+               interval, ttl, verbosity, **options):
+        logging.getLogger("discovery_app").setLevel(_LEVELS.get(verbosity, logging.INFO))
+        if interval is not None and interval <= 0 or ttl is not None and ttl <= 0:
+            raise CommandError("--interval and --ttl must be positive numbers of seconds.")
+        metadata = {"zone": zone, "weight": weight, "version": instance_version, "tags": tags}
+        try:
+            registrar = Registrar(service, address, port, metadata, interval=interval, instance_id=instance_id, ttl=ttl)
+        except InvalidRegistration as exc:
+            raise CommandError(str(exc)) from None
+        signals = queue.SimpleQueue()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, frame: signals.put(signum))
+        registrar.start()
+        if registrar.registered.is_set():
+            self.stdout.write(self.style.SUCCESS(f"Registered {registrar.instance_id} of {service} at {registrar.instance.url}"))
+        else:
+            self.stdout.write(self.style.WARNING(f"Redis is unreachable; {registrar.instance_id} will register when it is back"))
+        while True:
+            try:
+                signum = signals.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if registrar.deregistered_by_operator:
+                    registrar.stop()
+                    raise CommandError(f"{registrar.instance_id} was deregistered by an operator; stopping.", returncode=1)
+        registrar.stop()
+        self.stdout.write(f"Deregistered {registrar.instance_id} ({signal.Signals(signum).name})")

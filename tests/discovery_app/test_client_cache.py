@@ -1,0 +1,110 @@
+"""The client's cache: change events drop it at once; with Redis down it serves stale instances."""
+import logging
+
+import pytest
+
+from discovery_app.client import DiscoveryClient
+from discovery_app.exceptions import ServiceNotAvailable
+from discovery_app.registry import ServiceRegistry
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def client_factory():
+    clients = []
+
+    def make(**kwargs):
+        client = DiscoveryClient(strategy="round-robin", **kwargs)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def ids(instances):
+    return sorted(i.instance_id for i in instances)
+
+
+def test_without_events_the_cache_holds_for_its_ttl(registry, client_factory):
+    first = registry.register("orders", "h", 1)
+    client = client_factory(listen=False, cache_ttl=3600)
+    assert ids(client.instances("orders")) == [first.instance_id]
+    registry.register("orders", "h", 2)
+    assert ids(client.instances("orders")) == [first.instance_id]  # what the event test below beats
+    client.invalidate("orders")
+    assert len(client.instances("orders")) == 2
+
+
+def test_registration_and_deregistration_reach_the_client_by_pubsub(registry, client_factory):
+    first = registry.register("orders", "h", 1)
+    client = client_factory(cache_ttl=3600)
+    assert client.wait_listening(timeout=10)
+    assert ids(client.instances("orders")) == [first.instance_id]
+    second = ServiceRegistry().register("orders", "h", 2)
+    wait_for(lambda: len(client.instances("orders")) == 2, timeout=5, what="the new instance to be seen")
+    ServiceRegistry().deregister(second)
+    wait_for(lambda: ids(client.instances("orders")) == [first.instance_id], timeout=5, what="the deregistration")
+
+
+def test_expiry_reaches_the_client_by_pubsub(redis, client_factory):
+    registry = ServiceRegistry(ttl=0.5)
+    short = registry.register("orders", "h", 1)
+    keeper = ServiceRegistry().register("orders", "h", 2)
+    client = client_factory(cache_ttl=3600)
+    assert client.wait_listening(timeout=10)
+    assert ids(client.instances("orders")) == sorted([short.instance_id, keeper.instance_id])
+    # Someone reading the registry prunes the silent instance and publishes "expired".
+    wait_for(lambda: len(ServiceRegistry().instances("orders")) == 1, timeout=5, what="expiry")
+    wait_for(lambda: ids(client.instances("orders")) == [keeper.instance_id], timeout=5, what="the client to drop it")
+
+
+def test_redis_down_serves_stale_instances_and_says_so(redis_factory, use_redis, client_factory, caplog):
+    server = redis_factory()
+    use_redis(server)
+    instance = ServiceRegistry().register("orders", "h", 1)
+    client = client_factory(listen=False, cache_ttl=0.0001, fallbacks={"billing": ["http://10.9.9.9:80"]})
+    assert client.resolve("orders") == instance
+    server.stop()
+    with caplog.at_level(logging.WARNING, logger="discovery_app"):
+        for _ in range(5):
+            assert client.resolve("orders").instance_id == instance.instance_id
+    stale_lines = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(stale_lines) == 1 and "orders" in stale_lines[0] and "last known" in stale_lines[0]
+    assert client.resolve_url("billing") == "http://10.9.9.9:80"
+    with pytest.raises(ServiceNotAvailable, match="registry is unreachable") as err:
+        client.resolve("shipping")
+    assert err.value.reason == ServiceNotAvailable.REGISTRY_UNREACHABLE
+
+
+def test_client_recovers_when_redis_comes_back(redis_factory, use_redis, client_factory, caplog):
+    server = redis_factory()
+    use_redis(server)
+    ServiceRegistry().register("orders", "h", 1)
+    client = client_factory(listen=False, cache_ttl=0.0001)
+    client.resolve("orders")
+    server.stop()
+    client.resolve("orders")  # stale
+    server.start()  # a fresh, empty Redis
+    fresh = ServiceRegistry().register("orders", "h", 2)
+    with caplog.at_level(logging.INFO, logger="discovery_app"):
+        wait_for(lambda: client.resolve("orders").instance_id == fresh.instance_id, timeout=15,
+                 what="the client to read the registry again after its back-off")
+    assert any("back to normal" in r.getMessage() for r in caplog.records)
+
+
+def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed(redis_factory, use_redis, client_factory):
+    server = redis_factory()
+    use_redis(server)
+    old = ServiceRegistry().register("orders", "h", 1)
+    client = client_factory(cache_ttl=3600)
+    assert client.wait_listening(timeout=10)
+    assert ids(client.instances("orders")) == [old.instance_id]
+    server.stop()
+    wait_for(lambda: not client._listener.ready.is_set(), timeout=10, what="the listener to notice the outage")
+    server.start()  # empty: whatever happened meanwhile was never announced to this client
+    new = ServiceRegistry().register("orders", "h", 2)
+    assert client.wait_listening(timeout=15)
+    wait_for(lambda: ids(client.instances("orders")) == [new.instance_id], timeout=10,
+             what="the client to drop the entry it could not have been told about")

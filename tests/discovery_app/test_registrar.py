@@ -1,0 +1,143 @@
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from discovery_app import keys
+from discovery_app.registrar import Registrar
+from discovery_app.registry import ServiceRegistry
+from tests.conftest import ConsumerProcess
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def registrars():
+    started = []
+
+    def make(*args, **kwargs):
+        registrar = Registrar(*args, **kwargs)
+        started.append(registrar)
+        return registrar
+
+    yield make
+    for registrar in started:
+        registrar.stop()
+
+
+def ids(service):
+    return [i.instance_id for i in ServiceRegistry().instances(service)]
+
+
+def test_heartbeats_keep_a_live_instance_past_several_ttls(redis, registrars):
+    pubsub = redis.pubsub()
+    pubsub.subscribe(keys.events_channel())
+    registrar = registrars("orders", "h", 1, {"zone": "a"}, interval=0.1, ttl=1.5).start()
+    assert registrar.registered.is_set()
+    absent = []
+    until = time.monotonic() + 4  # well over two TTLs
+
+    def watched_long_enough():
+        if ids("orders") != [registrar.instance_id]:
+            absent.append(time.monotonic())
+        return time.monotonic() > until
+
+    wait_for(watched_long_enough, timeout=15, interval=0.05, what="4 s of heartbeats")
+    assert absent == []
+    [found] = ServiceRegistry().instances("orders")
+    assert found.last_heartbeat - found.registered_at > 3
+    events = []
+    while (message := pubsub.get_message(timeout=0.2)) is not None:
+        if message["type"] == "message":
+            events.append(json.loads(message["data"])["event"])
+    assert events == ["registered"]  # never expired, never re-registered
+    pubsub.close()
+
+
+def test_stop_deregisters(redis, registrars):
+    registrar = registrars("orders", "h", 1, interval=0.1).start()
+    assert ids("orders") == [registrar.instance_id]
+    registrar.stop()
+    assert ids("orders") == []
+
+
+def test_survives_a_redis_outage_and_registers_again(redis_factory, use_redis, registrars):
+    server = redis_factory()
+    use_redis(server)
+    registrar = registrars("orders", "h", 1, interval=0.1, ttl=2).start()
+    assert ids("orders") == [registrar.instance_id]
+    server.stop()
+    server.start()  # empty: the record is gone
+    wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=15, what="re-registration after the outage")
+
+
+def test_starting_while_redis_is_down_registers_once_it_is_up(redis_factory, use_redis, registrars):
+    server = redis_factory()
+    use_redis(server)
+    server.stop()
+    registrar = registrars("orders", "h", 1, interval=0.1).start(wait=2)
+    assert not registrar.registered.is_set()
+    server.start()
+    wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=15, what="registration once Redis is up")
+
+
+def test_a_forked_child_does_not_deregister_its_parents_instance(redis, registrars):
+    registrar = registrars("orders", "h", 1, interval=0.1).start()
+    pid = os.fork()
+    if pid == 0:  # the child, e.g. a gunicorn worker forked by a master that runs the Registrar
+        try:
+            registrar.stop()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert ids("orders") == [registrar.instance_id]
+
+
+def test_operator_deregistration_sticks(redis, registrars):
+    registrar = registrars("orders", "h", 1, interval=0.1).start()
+    [instance] = ServiceRegistry().instances("orders")
+    ServiceRegistry().deregister(instance)
+    wait_for(lambda: registrar.deregistered_by_operator, timeout=10, what="the registrar to notice")
+    assert ids("orders") == []
+
+
+def test_register_command_heartbeats_until_sigterm_then_deregisters(redis_server, redis):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url,
+           "PYTHONUNBUFFERED": "1"}
+    proc = ConsumerProcess(["orders", "--address", "10.1.2.3", "--port", "8080", "--zone", "z1", "--weight", "2",
+                            "--version", "1.4", "--tag", "blue", "--interval", "0.2"], env, command="register")
+    try:
+        proc.wait_for_output("Registered")
+        [found] = ServiceRegistry().instances("orders")
+        assert (found.url, found.zone, found.weight, found.version, found.tags) == \
+            ("http://10.1.2.3:8080", "z1", 2.0, "1.4", ("blue",))
+        first = found.last_heartbeat
+        wait_for(lambda: ServiceRegistry().instances("orders")[0].last_heartbeat > first, what="a heartbeat")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "Deregistered" in proc.output()
+        assert ServiceRegistry().instances("orders") == []
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+
+
+def test_register_command_rejects_bad_input_without_a_traceback(redis_server):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    proc = ConsumerProcess(["a{b}", "--address", "h", "--port", "80"], env, command="register")
+    assert proc.wait(timeout=30) == 1
+    assert "CommandError: service name 'a{b}' may not contain braces" in proc.output()
+    assert "Traceback" not in proc.output()
+
+
+def test_interpreter_exit_deregisters(redis_server, redis):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    code = ("from discovery_app.registrar import Registrar; "
+            "r = Registrar('orders', 'h', 1, interval=0.1).start(); "
+            "assert r.registered.is_set(); print('up', r.instance_id)")
+    proc = ConsumerProcess(["-c", code], env, command="shell")
+    assert proc.wait(timeout=60) == 0, proc.output()
+    assert "up orders-" in proc.output()
+    assert ServiceRegistry().instances("orders") == []
+    assert redis.zcard("discovery:{orders}:tombstones") == 1  # it was there, and was deregistered

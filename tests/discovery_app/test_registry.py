@@ -1,0 +1,152 @@
+import json
+import os
+
+import pytest
+from redis.crc import key_slot
+
+from discovery_app import keys
+from discovery_app.exceptions import InvalidRegistration, UnknownInstance
+from discovery_app.registry import ServiceRegistry
+from tests.waiting import wait_for
+
+
+def server_ms(redis):
+    seconds, micros = redis.time()
+    return seconds * 1000 + micros // 1000
+
+
+def events(pubsub):
+    out = []
+    while (message := pubsub.get_message(timeout=0.2)) is not None:
+        if message["type"] == "message":
+            out.append(json.loads(message["data"]))
+    return out
+
+
+@pytest.fixture
+def pubsub(redis):
+    ps = redis.pubsub()
+    ps.subscribe(keys.events_channel())
+    ps.get_message(timeout=1)
+    yield ps
+    ps.close()
+
+
+def test_register_records_metadata_and_server_timestamps(registry, redis):
+    instance = registry.register("orders", "10.0.0.1", 8000,
+                                 {"version": "2.1", "zone": "a", "weight": 3, "tags": ["blue"], "owner": "team"})
+    [found] = registry.instances("orders")
+    assert found == instance
+    assert (found.version, found.zone, found.weight, found.tags, found.extra) == ("2.1", "a", 3.0, ("blue",), {"owner": "team"})
+    server_now = float(redis.time()[0])
+    assert abs(found.registered_at - server_now) < 5 and found.last_heartbeat == found.registered_at
+    assert found.url == "http://10.0.0.1:8000" and found.ttl == 30.0
+    assert instance.instance_id.startswith("orders-")
+    assert registry.services() == ["orders"]
+
+
+def test_all_keys_of_a_service_share_one_hash_slot():
+    assert len({key_slot(key.encode()) for key in keys.service_keys("orders")}) == 1
+    assert keys.records_key("orders") == "discovery:{orders}:instances"
+
+
+def test_silent_instance_expires_and_leaves_no_dangling_index(redis, pubsub):
+    registry = ServiceRegistry(ttl=0.3)
+    instance = registry.register("orders", "h", 1)
+    events(pubsub)
+    wait_for(lambda: registry.instances("orders") == [], timeout=5, what="the silent instance to expire")
+    assert redis.hlen(keys.records_key("orders")) == 0
+    assert redis.zcard(keys.deadlines_key("orders")) == 0
+    assert {"event": "expired", "service": "orders", "instance_id": instance.instance_id} in events(pubsub)
+    assert registry.services() == []
+    assert redis.smembers(keys.services_key()) == set()
+
+
+def test_heartbeat_moves_the_deadline(redis):
+    registry = ServiceRegistry(ttl=5)
+    instance = registry.register("orders", "h", 1)
+    first = redis.zscore(keys.deadlines_key("orders"), instance.instance_id)
+    wait_for(lambda: server_ms(redis) > first - 5000 + 20, what="the server clock to move on")
+    assert registry.heartbeat(instance.instance_id) == "alive"
+    assert redis.zscore(keys.deadlines_key("orders"), instance.instance_id) > first
+    [found] = registry.instances("orders")
+    assert found.last_heartbeat > found.registered_at == instance.registered_at
+
+
+def test_heartbeat_after_flushall_reregisters_the_full_record(registry, redis, pubsub):
+    instance = registry.register("orders", "10.0.0.1", 8000, {"zone": "a", "tags": ["x"]})
+    redis.flushall()
+    assert registry.instances("orders") == []
+    events(pubsub)
+    assert registry.heartbeat(instance.instance_id) == "reregistered"
+    [found] = registry.instances("orders")
+    assert (found.address, found.port, found.zone, found.tags) == ("10.0.0.1", 8000, "a", ("x",))
+    assert found.registered_at == instance.registered_at
+    assert registry.services() == ["orders"]
+    assert [e["event"] for e in events(pubsub)] == ["reregistered"]
+
+
+def test_deregister_publishes_and_a_late_heartbeat_does_not_resurrect(registry, redis, pubsub):
+    instance = registry.register("orders", "h", 1)
+    other = ServiceRegistry()  # e.g. the admin: it knows the instance only from instances()
+    [listed] = other.instances("orders")
+    events(pubsub)
+    assert other.deregister(listed) is True
+    assert registry.instances("orders") == []
+    assert events(pubsub) == [{"event": "deregistered", "service": "orders", "instance_id": instance.instance_id}]
+    assert registry.heartbeat(instance.instance_id) == "deregistered"
+    assert registry.instances("orders") == []
+    # An explicit register() of the same id is a new decision and wins over the tombstone.
+    registry.register("orders", "h", 1, instance_id=instance.instance_id)
+    assert [i.instance_id for i in registry.instances("orders")] == [instance.instance_id]
+
+
+def test_writers_accept_a_pipeline(registry, redis):
+    a = registry.register("orders", "h", 1)
+    b = registry.register("orders", "h", 2)
+    pipe = redis.pipeline()
+    registry.heartbeat(a.instance_id, pipeline=pipe)
+    registry.deregister(b.instance_id, pipeline=pipe)
+    assert [i.instance_id for i in registry.instances("orders")] == sorted([a.instance_id, b.instance_id])
+    pipe.execute()
+    assert [i.instance_id for i in registry.instances("orders")] == [a.instance_id]
+
+
+def test_lists_every_service_for_an_admin(registry):
+    registry.register("orders", "h", 1)
+    registry.register("orders", "h", 2)
+    registry.register("billing", "h", 3)
+    assert registry.services() == ["billing", "orders"]
+    assert {name: len(found) for name, found in registry.all_instances().items()} == {"billing": 1, "orders": 2}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", "h", 1), "non-empty"),
+    (("a{b}", "h", 1), "braces"),
+    (("orders", "", 1), "address"),
+    (("orders", "h", 0), "port"),
+    (("orders", "h", "80"), "port"),
+    (("orders", "h", 1, {"weight": -1}), "weight"),
+    (("orders", "h", 1, {"tags": "blue"}), "tags"),
+])
+def test_bad_registrations_say_what_is_wrong(registry, args, message):
+    with pytest.raises(InvalidRegistration, match=message):
+        registry.register(*args)
+
+
+def test_heartbeat_of_an_unknown_id_says_how_to_fix_it(registry):
+    with pytest.raises(UnknownInstance, match="register"):
+        registry.heartbeat("nobody")
+    with pytest.raises(UnknownInstance, match="service="):
+        registry.deregister("nobody")
+
+
+def test_unreadable_record_is_skipped_not_fatal(registry, redis):
+    registry.register("orders", "h", 1)
+    redis.hset(keys.records_key("orders"), "junk", "not json")
+    redis.zadd(keys.deadlines_key("orders"), {"junk": 2**50})
+    assert len(registry.instances("orders")) == 1
+
+
+def test_pid_is_in_generated_ids(registry):
+    assert f"-{os.getpid()}-" in registry.register("orders", "h", 1).instance_id
