@@ -28,6 +28,9 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 RECONNECT_BACKOFF_MAX = 5.0
 """Ceiling, in seconds, of the exponential back-off between attempts to reach an unreachable Redis."""
 
+BROADCAST_CHANNEL = "shoal:broadcast"
+"""The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each."""
+
 DEFAULTS = {
     "REDIS_ALIAS": REDIS_ALIAS,
     "BATCH_SIZE": BATCH_SIZE,
@@ -38,4 +41,5 @@ DEFAULTS = {
     "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
     "MAX_PAYLOAD_BYTES": MAX_PAYLOAD_BYTES,
     "RECONNECT_BACKOFF_MAX": RECONNECT_BACKOFF_MAX,
+    "BROADCAST_CHANNEL": BROADCAST_CHANNEL,
 }

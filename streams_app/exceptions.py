@@ -19,3 +19,7 @@ class ConsumerConfigError(StreamsError):
 
 class PayloadDecodeError(StreamsError):
     """An entry's payload is not valid JSON (poison input)."""
+
+
+class BroadcastError(StreamsError, ValueError):
+    """A broadcast could not be sent as given (empty type, data that is not JSON)."""
