@@ -7,6 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
+from project.cpus import available_cpus
 from tests.redis_server import free_port
 from tests.waiting import wait_for
 
@@ -44,7 +45,7 @@ class Gunicorn:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.workers = workers
+        self.workers = workers or available_cpus()
         self.metrics_dir = self.directory / "prometheus"
         self.pidfile = self.directory / "gunicorn.pid"
         self.env = {
@@ -52,7 +53,7 @@ class Gunicorn:
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "REDIS_URL": redis_url,
             "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
-            "WEB_CONCURRENCY": str(workers),
+            "WEB_CONCURRENCY": str(self.workers),
             "SHOAL_VAR_DIR": str(self.directory / "var"),
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
