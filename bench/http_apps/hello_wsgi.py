@@ -1,4 +1,4 @@
-"""The bare WSGI app bench/http.py compares Shoal's view against: no framework at all."""
+"""The bare WSGI app bench/http_bench.py compares Shoal's view against: no framework at all."""
 
 
 def application(environ, start_response):

@@ -1,4 +1,4 @@
-"""A real gunicorn master (our gunicorn.conf.py) on a free port, for the serving tests and bench/http.py."""
+"""A real gunicorn master (our gunicorn.conf.py) on a free port, for the serving tests and bench/http_bench.py."""
 import http.client
 import os
 import signal

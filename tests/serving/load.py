@@ -1,4 +1,4 @@
-"""A bounded HTTP load loop for the reload tests and bench/http.py.
+"""A bounded HTTP load loop for the reload tests and bench/http_bench.py.
 
 Keep-alive clients reuse one connection; the others open one per request. A request on a reused
 connection that the server closed before sending any byte of a response is retried once on a new

@@ -1,7 +1,10 @@
 """Requests/s of a trivial Shoal view under gunicorn against a bare WSGI app under the same settings,
 and the failed requests while the master is sent HUP twice under load.
 
-    .venv/bin/python bench/http.py [--seconds 10] [--clients 8]
+    .venv/bin/python bench/http_bench.py [--seconds 10] [--clients 8]
+
+(Not bench/http.py: scripts run from bench/ have it first on sys.path, where a module named http
+would shadow the standard library's http package for every script there.)
 
 Both servers run gunicorn.conf.py (workers from the CPU quota, gthread, 4 threads). The Shoal view
 goes through the whole middleware stack (django-prometheus included). Load comes from wrk when it
@@ -9,31 +12,21 @@ is installed, else from a Python load loop in a separate process (half the clien
 a new connection per request): on a small machine that client is a bottleneck of its own, so
 compare the two figures with each other rather than with other hardware.
 """
-import os
-import sys
+import argparse
+import multiprocessing
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 
-# This file is named http.py as the issue asks: keep its directory from shadowing the standard
-# library's http while that is imported, then put it back for ``common``.
-BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != BENCH]
-import http.client  # noqa: E402,F401
-sys.path.append(BENCH)
+from common import ROOT, start_redis
 
-import argparse  # noqa: E402
-import multiprocessing  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from common import ROOT, start_redis  # noqa: E402
-
-from tests.serving.gunicorn_process import Gunicorn  # noqa: E402
-from tests.serving.load import Load  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from tests.serving.gunicorn_process import Gunicorn
+from tests.serving.load import Load
+from tests.waiting import wait_for
 
 
 def python_load(port, path, seconds, clients, queue):
