@@ -35,9 +35,11 @@ duration = Histogram("shoal_handler_duration_seconds", "Handler time per entry. 
                      buckets=DURATION_BUCKETS)
 in_flight = Gauge("shoal_messages_in_flight", "Entries handed to handler threads and not finished.", LABELS,
                   multiprocess_mode="livesum")
-workers = Gauge("shoal_consumer_workers", "Worker processes of a runconsumer master.", multiprocess_mode="livemax")
+# Labelled by pool (the consumers a runconsumer master runs), so that processes that are not
+# masters, gunicorn workers included, export no misleading 0.
+workers = Gauge("shoal_consumer_workers", "Worker processes of a runconsumer master.", ("pool",), multiprocess_mode="livemax")
 workers_desired = Gauge("shoal_consumer_workers_desired", "Worker processes a runconsumer master wants from the backlog.",
-                        multiprocess_mode="livemax")
+                        ("pool",), multiprocess_mode="livemax")
 
 
 class ChunkRecorder:
@@ -101,10 +103,10 @@ def record_dead_lettered(stream, group, count=1):
     dead_lettered.labels(stream, group).inc(count)
 
 
-def set_workers(current, desired):
-    """For runconsumer's master, each time it reconciles its pool."""
-    workers.set(current)
-    workers_desired.set(desired)
+def set_workers(current, desired, pool="all"):
+    """For runconsumer's master, each time it reconciles its pool (``pool``: e.g. "orders:email,orders:points")."""
+    workers.labels(pool).set(current)
+    workers_desired.labels(pool).set(desired)
 
 
 class BacklogCollector:
