@@ -20,7 +20,7 @@ import threading
 
 logger = logging.getLogger("discovery_app.web")
 
-EXIT_UNAVAILABLE = 3  # no registrar to register with: the master must not restart us
+EXIT_UNAVAILABLE = 3  # no registrar to register with: retrying would not help
 
 
 def _wait_for_eof(done):
