@@ -99,9 +99,10 @@ def on_exit(server):
 
 
 def post_fork(server, worker):
-    # The master holds no Redis connection and runs no thread (registration is a separate process),
-    # so a worker inherits neither; all it inherits of the master's is this pipe, which it must
-    # not keep open, or the registration process would not see the master die.
+    # The master opens no Redis connection and starts no thread of ours (registration is a separate
+    # process, and fork() copies only the forking thread), so a worker inherits neither. All it
+    # inherits of ours is this pipe, which it must not hold open, or the registration process would
+    # not see the master die.
     registration = getattr(server, "shoal_registration", None)
     if registration is not None and not registration.stdin.closed:
         registration.stdin.close()  # this process's copy only; the master's stays open
@@ -118,9 +119,9 @@ def post_worker_init(worker):
 
 
 def worker_exit(server, worker):
-    from streams_app.broadcast import stop_listener
-
-    stop_listener(timeout=1.0)
+    broadcast = sys.modules.get("streams_app.broadcast")  # absent when the app failed to load
+    if broadcast is not None:
+        broadcast.stop_listener(timeout=1.0)
 
 
 def child_exit(server, worker):
