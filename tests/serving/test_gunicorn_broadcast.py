@@ -1,5 +1,6 @@
 """A broadcast reaches every worker of a real gunicorn master, and nobody else has to relay it."""
 import json
+import os
 
 import pytest
 
@@ -27,8 +28,6 @@ def test_the_broadcast_command_lists_the_processes_that_replied(gunicorn, redis_
     wait_for(lambda: dict(redis.pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 3, timeout=30,
              what="3 workers subscribed")
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url, "PYTHONUNBUFFERED": "1"}
-    import os
-
     command = ConsumerProcess(["ping", "--wait", "5"], {**os.environ, **env}, command="broadcast")
     assert command.wait(60) == 0, command.output()
     output = command.output()
