@@ -27,6 +27,7 @@ run: deps system-deps
 
 bench: deps system-deps
 	$(PY) bench/throughput.py
+	$(PY) bench/http_bench.py
 
 clean:
 	rm -rf $(VENV) var/run

@@ -2,8 +2,12 @@
 
 Redis, in order: $REDIS_URL if set; else the local one on 127.0.0.1:6379; else a private
 redis-server started here with its data under var/redis. One Ctrl-C stops everything.
+
+On the first run it creates a superuser ``admin`` with a generated password, printed once and kept
+in var/admin-password (mode 0600) for later.
 """
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -15,6 +19,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 PRIVATE_PORT = 6390
+WEB = "http://127.0.0.1:8000"
+ADMIN_USER = "admin"
 
 
 def reachable(url):
@@ -58,6 +64,29 @@ def choose_redis():
     return start_private_redis(), "a private redis-server started under var/redis"
 
 
+def create_admin_once(python, env, var=VAR):
+    """Create the ``admin`` superuser on the first run; return its password then, else None."""
+    secret = var / "admin-password"
+    if secret.exists():
+        return None
+    password = secrets.token_urlsafe(18)
+    made = subprocess.run(
+        [python, "manage.py", "createsuperuser", "--no-input", "--username", ADMIN_USER, "--email", "admin@localhost"],
+        cwd=ROOT, env={**env, "DJANGO_SUPERUSER_PASSWORD": password}, capture_output=True, text=True,
+    )
+    if made.returncode != 0:
+        if "already taken" in made.stderr:
+            print(f"Shoal: a user {ADMIN_USER!r} already exists; set its password with "
+                  f"`python manage.py changepassword {ADMIN_USER}`.", flush=True)
+            return None
+        sys.exit(f"could not create the admin user:\n{made.stderr}")
+    # O_EXCL and mode 0600 from the start: the password is never readable by others, even briefly.
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    return password
+
+
 def main():
     VAR.mkdir(exist_ok=True)
     url, where = choose_redis()
@@ -66,7 +95,15 @@ def main():
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True)
     print(f"Shoal: Redis at {url} ({where}); database {env.get('DATABASE_URL', 'var/db.sqlite3')}", flush=True)
-    print("Shoal: starting the demo (Procfile.dev): consumers for orders:email and orders:points, and a producer.", flush=True)
+    password = create_admin_once(python, env)
+    if password:
+        print(f"Shoal: created the admin user {ADMIN_USER!r} with password {password}\n"
+              f"       (shown this once; kept in var/admin-password, readable by you only)", flush=True)
+    elif (VAR / "admin-password").exists():
+        print(f"Shoal: admin user {ADMIN_USER!r}; its password is in var/admin-password", flush=True)
+    print(f"Shoal: admin at {WEB}/admin/   metrics {WEB}/metrics   health {WEB}/healthz {WEB}/readyz", flush=True)
+    print("Shoal: starting Procfile.dev: gunicorn on 127.0.0.1:8000, consumers for orders:email and "
+          "orders:points, and a producer.", flush=True)
     honcho = Path(python).with_name("honcho")
     os.execve(str(honcho), [str(honcho), "-f", str(ROOT / "Procfile.dev"), "start"], {**env, "PATH": f"{Path(python).parent}:{env.get('PATH', '')}"})
 

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_prometheus",
     "streams_app",
     "discovery_app",
 ]
@@ -37,6 +38,9 @@ if env_bool("SHOAL_DEMO", False):
     INSTALLED_APPS.append("demo")
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # /healthz and /readyz answer here, before host validation, sessions and auth.
+    "project.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -44,6 +48,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -70,6 +75,11 @@ DATABASES = {
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Serving (gunicorn.conf.py, project/health.py).
+READYZ_TIMEOUT = float(os.environ.get("READYZ_TIMEOUT", "1.0"))  # seconds Redis and the database get to answer /readyz
+WEB_SERVICE_NAME = os.environ.get("WEB_SERVICE_NAME", "shoal-web")  # this web tier's name in the discovery registry
+PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the database in every process at start-up
 
 # django-redis owns the Redis connections. Its pools are per process (redis-py resets a pool
 # it finds was created before fork()), so forked consumer workers never share a socket.

@@ -80,4 +80,13 @@ def check_streams_settings(app_configs=None, **kwargs):
                     id="streams_app.W002",
                 )
             )
+    channel = merged["BROADCAST_CHANNEL"]
+    if not isinstance(channel, str) or not channel.strip():
+        errors.append(
+            Error(
+                f"STREAMS['BROADCAST_CHANNEL'] must be a non-empty string, not {channel!r}.",
+                hint="Name the Redis pub/sub channel of broadcasts, e.g. 'shoal:broadcast'.",
+                id="streams_app.E020",
+            )
+        )
     return errors

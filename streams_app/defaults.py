@@ -56,6 +56,9 @@ SNAPSHOT_INTERVAL = 60.0
 SNAPSHOT_RETENTION = 7 * 24 * 3600
 """Seconds GroupSnapshot rows are kept for the admin charts before the reclaim daemon prunes them."""
 
+BROADCAST_CHANNEL = "shoal:broadcast"
+"""The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each."""
+
 DEFAULTS = {
     "REDIS_ALIAS": REDIS_ALIAS,
     "BATCH_SIZE": BATCH_SIZE,
@@ -74,4 +77,5 @@ DEFAULTS = {
     "DEAD_CONSUMER_IDLE": DEAD_CONSUMER_IDLE,
     "SNAPSHOT_INTERVAL": SNAPSHOT_INTERVAL,
     "SNAPSHOT_RETENTION": SNAPSHOT_RETENTION,
+    "BROADCAST_CHANNEL": BROADCAST_CHANNEL,
 }

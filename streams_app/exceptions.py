@@ -23,3 +23,7 @@ class PayloadDecodeError(StreamsError):
 
 class ReplayError(StreamsError, ValueError):
     """A replay of dead letters was asked for in a way that cannot be done."""
+
+
+class BroadcastError(StreamsError, ValueError):
+    """A broadcast could not be sent as given (empty type, data that is not JSON)."""

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections
 
+from streams_app import metrics
 from streams_app.exceptions import PayloadDecodeError
 
 logger = logging.getLogger("streams_app.consumer")
@@ -27,6 +28,7 @@ def run_chunk(handler, messages, guard=None):
     the chunk, or the worker, with it. ``guard`` (streams_app.idempotency) skips duplicates.
     """
     close_old_connections()
+    recorder = metrics.chunk_started(messages)
     started = time.perf_counter()
     acked = []
     failed = []
@@ -73,5 +75,6 @@ def run_chunk(handler, messages, guard=None):
     if guard is not None:
         guard.end(succeeded, errored)
     elapsed = time.perf_counter() - started
+    recorder.finished(len(messages), len(acked), failed, elapsed)
     close_old_connections()
     return acked, failed, elapsed / max(len(messages), 1)

@@ -131,7 +131,7 @@ class Reclaimer:
         moved = sum(1 for r in results if r not in (0, "gone"))
         if moved:
             report.dead_lettered[spec.name] = moved
-            metrics.dead_lettered.labels(spec.stream, spec.group).inc(moved)
+            metrics.reclaimer_dead_lettered.labels(spec.stream, spec.group).inc(moved)
             logger.warning("Reclaimer: moved %d entries of %s over %d deliveries to %s",
                            moved, spec.name, spec.max_deliveries, keys.dead_letter_key(spec.stream))
         return moved
@@ -174,7 +174,7 @@ class Reclaimer:
         trimmed = self.conn.xtrim(stream, minid=minid, approximate=False)
         if trimmed:
             report.trimmed[stream] = trimmed
-            metrics.trimmed.labels(stream).inc(trimmed)
+            metrics.reclaimer_trimmed.labels(stream).inc(trimmed)
             logger.info("Reclaimer: trimmed %d acknowledged entries of %s (below %s)", trimmed, stream, minid)
         return trimmed
 
@@ -198,15 +198,11 @@ class Reclaimer:
             pipe.xinfo_groups(stream)
             pipe.xlen(keys.dead_letter_key(stream))
             infos, dlq_length = pipe.execute()
-            metrics.dead_letters.labels(stream).set(dlq_length)
             for info in infos:
                 name = _str(info["name"])
                 if name not in groups:
                     continue
                 lag = info.get("lag")
-                if lag is not None:
-                    metrics.group_lag.labels(stream, name).set(lag)
-                metrics.group_pending.labels(stream, name).set(info["pending"])
                 metrics.group_consumers.labels(stream, name).set(info["consumers"])
                 if self.conn.set(f"{keys.hash_tag(stream)}:snapshot:{name}", "1", nx=True, px=max(1, interval_ms - 500)):
                     rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,

@@ -32,3 +32,8 @@ def test_block_longer_than_socket_timeout_warns(settings):
 
 def test_pending_timeout_below_block_warns(settings):
     assert ids({"PENDING_TIMEOUT_MS": 1000, "BLOCK_MS": 2000}, settings) == ["streams_app.W002"]
+
+
+def test_broadcast_channel_must_be_a_name(settings):
+    assert ids({"BROADCAST_CHANNEL": ""}, settings) == ["streams_app.E020"]
+    assert ids({"BROADCAST_CHANNEL": "team-a:broadcast"}, settings) == []

@@ -1,0 +1,130 @@
+"""gunicorn settings for Shoal, picked up by ``gunicorn project.wsgi`` run from the repository root.
+
+gunicorn's master is the pre-fork master of seed 001: it forks the workers, restarts dead ones,
+recycles them after ``max_requests``, and on ``kill -HUP $(cat var/gunicorn.pid)`` starts new
+workers with freshly imported code before stopping the old ones gracefully. This file adds what
+gunicorn does not do: the worker count from the CPUs the container may use, Prometheus metrics
+across workers that survive recycling, broadcast listeners, and discovery registration.
+
+The master imports no application code (no Django, no settings, no app modules): what the master
+has imported, every worker it forks inherits unreloaded, so HUP could not load new code. The
+hooks here use only ``project.cpus`` and ``streams_app.multiproc`` (prometheus_client, no Django).
+
+Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
+own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default var/prometheus),
+WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0), SHOAL_VAR_DIR.
+"""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from project.cpus import web_concurrency  # noqa: E402
+from streams_app import multiproc  # noqa: E402
+
+VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
+VAR.mkdir(parents=True, exist_ok=True)
+# Set before any worker imports prometheus_client: it picks its multiprocess mode at import time.
+os.environ.setdefault(multiproc.ENV, str(VAR / "prometheus"))
+
+wsgi_app = "project.wsgi"
+workers = web_concurrency()
+# gthread: a few threads per process serve requests that wait on Redis or the database, and keep-alive
+# connections are held by the poller, not by a thread. No monkey-patching (gevent would change how
+# redis-py blocks and how the consumer and registrar threads behave), and one stuck request does not
+# stall a whole worker the way the sync worker's single thread would.
+worker_class = "gthread"
+threads = int(os.environ.get("GUNICORN_THREADS", "4"))
+keepalive = 5
+timeout = 30
+graceful_timeout = 30
+preload_app = False  # each worker imports the app itself, so HUP loads new code
+# Recycle workers now and then (leaks in third-party code); the jitter keeps them from all
+# restarting at the same moment.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "10000"))
+max_requests_jitter = max(1, max_requests // 10)
+pidfile = str(VAR / "gunicorn.pid")
+# gunicorn's control socket (gunicornc) beside the pidfile, not one per user in ~/.gunicorn, which
+# every gunicorn of the user would fight over. A unix socket path has a length limit.
+control_socket = str(VAR / "gunicorn.ctl")
+control_socket_disable = len(control_socket) > 100
+proc_name = "shoal-web"
+
+
+def on_starting(server):
+    # Files left by a previous master belong to processes that are gone: start the counters afresh
+    # (Prometheus sees a counter reset, as for any restart).
+    multiproc.reset(os.environ[multiproc.ENV])
+
+
+def when_ready(server):
+    # The registration process is kept on the arbiter: HUP re-reads this file into a new module,
+    # and a Popen left in the old one would be collected, closing its pipe and deregistering.
+    server.shoal_registration = None
+    if not (ROOT / "discovery_app" / "registrar.py").exists():
+        server.log.info("Discovery registration unavailable: discovery_app has no registrar yet.")
+        return
+    listener = server.LISTENERS[0]
+    address = listener.sock.getsockname()
+    if not isinstance(address, tuple):
+        server.log.info("Discovery registration skipped: listening on a unix socket (%s).", listener)
+        return
+    host, port = address[0], address[1]
+    if host in ("0.0.0.0", "::"):
+        host = os.environ.get("WEB_ADVERTISE_ADDRESS") or socket.gethostbyname(socket.gethostname())
+    metadata = {"master_pid": os.getpid(), "workers": server.num_workers}
+    server.shoal_registration = subprocess.Popen(
+        [sys.executable, "-m", "project.web_registration", host, str(port), json.dumps(metadata)],
+        cwd=ROOT, stdin=subprocess.PIPE,
+    )
+    server.log.info("Discovery registration started for %s:%s (pid %s).", host, port, server.shoal_registration.pid)
+
+
+def on_exit(server):
+    registration = getattr(server, "shoal_registration", None)
+    if registration is None:
+        return
+    registration.stdin.close()  # EOF: the registration process deregisters and exits
+    try:
+        registration.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        registration.kill()
+
+
+def post_fork(server, worker):
+    # The master opens no Redis connection and starts no thread of ours (registration is a separate
+    # process, and fork() copies only the forking thread), so a worker inherits neither. All it
+    # inherits of ours is this pipe, which it must not hold open, or the registration process would
+    # not see the master die.
+    registration = getattr(server, "shoal_registration", None)
+    if registration is not None and not registration.stdin.closed:
+        registration.stdin.close()  # this process's copy only; the master's stays open
+    random.seed()  # random state differs per worker (jitter, names)
+
+
+def post_worker_init(worker):
+    try:
+        from streams_app.broadcast import start_listener
+
+        start_listener()
+    except Exception:
+        worker.log.exception("Broadcast listener did not start; this worker will not receive broadcasts.")
+
+
+def worker_exit(server, worker):
+    broadcast = sys.modules.get("streams_app.broadcast")  # absent when the app failed to load
+    if broadcast is not None:
+        broadcast.stop_listener(timeout=1.0)
+
+
+def child_exit(server, worker):
+    # The dead worker's counters go into the archive files, its gauges away: /metrics keeps its
+    # totals and the directory stays as large as the live workers need.
+    multiproc.process_dead(worker.pid, os.environ[multiproc.ENV])

@@ -1,0 +1,90 @@
+"""``/healthz`` (the process answers: no I/O) and ``/readyz`` (Redis and the database answer in time).
+
+Served by a middleware at the top of the stack rather than a URL: probes come from the orchestrator
+with a pod IP as Host, which ALLOWED_HOSTS would refuse, and they need no session, CSRF or auth.
+"""
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+
+from django.conf import settings
+from django.http import HttpResponse
+
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+
+
+def check_redis(timeout):
+    import redis
+
+    from streams_app.connection import get_connection
+
+    shared = get_connection().connection_pool
+    # A private connection with the probe's timeout: the shared pool's 30 s socket timeout exists
+    # for blocking reads and would make a hung Redis look alive for half a minute.
+    kwargs = dict(shared.connection_kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
+    pool = type(shared)(connection_class=shared.connection_class, **kwargs)
+    try:
+        redis.Redis(connection_pool=pool).ping()
+    finally:
+        pool.disconnect()
+
+
+def check_database(timeout):
+    from django.db import connection
+
+    # Runs in a thread of its own, so this is a connection of its own, closed afterwards.
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        connection.close()
+
+
+CHECKS = {"redis": check_redis, "database": check_database}
+
+
+def run_checks(timeout, checks=None):
+    """``{name: "ok" or what went wrong}``; every check runs at once and gets ``timeout`` seconds."""
+    checks = CHECKS if checks is None else checks
+    pool = ThreadPoolExecutor(len(checks), thread_name_prefix="shoal-readyz")
+    try:
+        futures = {name: pool.submit(check, timeout) for name, check in checks.items()}
+        wait(futures.values(), timeout=timeout)
+        results = {}
+        for name, future in futures.items():
+            if not future.done():
+                results[name] = f"no answer within {timeout:g}s"
+            elif future.exception() is not None:
+                exc = future.exception()
+                results[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                results[name] = "ok"
+        return results
+    finally:
+        pool.shutdown(wait=False)  # a hung check must not hold the probe past its timeout
+
+
+def readiness():
+    started = time.monotonic()
+    results = run_checks(settings.READYZ_TIMEOUT)
+    failing = [name for name, result in results.items() if result != "ok"]
+    body = {
+        "status": "unavailable" if failing else "ok",
+        "failing": failing,
+        "checks": results,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    return HttpResponse(json.dumps(body), status=503 if failing else 200, content_type="application/json")
+
+
+class HealthCheckMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path == HEALTH_PATH:
+            return HttpResponse("ok\n", content_type="text/plain")
+        if request.path == READY_PATH:
+            return readiness()
+        return self.get_response(request)

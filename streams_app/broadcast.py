@@ -1,0 +1,208 @@
+"""Broadcast: a message that every process of the deployment receives, through Redis pub/sub.
+
+    from streams_app.broadcast import broadcast, on_broadcast
+
+    @on_broadcast("prices.reload")
+    def reload_prices(data):
+        ...
+
+    broadcast("prices.reload", {"region": "eu"})   # every listening process runs reload_prices
+
+Every gunicorn worker listens (gunicorn.conf.py starts a ``Listener`` in ``post_worker_init``), and so
+does any process that calls ``start_listener()``. Nothing relays: gunicorn's master imports no app code
+and takes no part, each process subscribes to ``STREAMS["BROADCAST_CHANNEL"]`` itself.
+
+Pub/sub is at most once: a process that is (re)starting while a message is sent misses it. Broadcast
+what a process can recompute on its own (caches, log levels); work that must happen goes on a stream.
+
+Built-in types: ``ping`` (each receiver writes its pid into the hash ``data["reply_to"]``, which is how
+``manage.py broadcast ping`` lists the live processes), ``log_level`` (set the level of Shoal's loggers,
+``{"level": "DEBUG"}``, optionally ``"logger": name``) and ``discovery.invalidate`` (drop the local
+discovery cache of ``{"service": name}``).
+"""
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+
+from streams_app.conf import setting
+from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.exceptions import BroadcastError
+
+logger = logging.getLogger("streams_app.broadcast")
+
+PING_REPLY_TTL = 60  # seconds a ping's reply hash outlives the ping
+SHOAL_LOGGERS = ("streams_app", "discovery_app", "demo")
+
+_handlers = {}
+
+
+def on_broadcast(type):
+    """Register ``handler(data)`` for broadcasts of ``type``; several handlers per type run in order."""
+
+    def register(handler):
+        handlers = _handlers.setdefault(type, [])
+        if handler not in handlers:
+            handlers.append(handler)
+        return handler
+
+    return register
+
+
+def handlers_for(type):
+    return list(_handlers.get(type, ()))
+
+
+def encode(type, data=None):
+    if not isinstance(type, str) or not type.strip():
+        raise BroadcastError(f"broadcast type must be a non-empty string, not {type!r}")
+    envelope = {
+        "type": type,
+        "data": data,
+        "id": uuid.uuid4().hex,
+        "sender": f"{socket.gethostname()}:{os.getpid()}",
+        "sent_at": int(time.time() * 1000),
+    }
+    try:
+        return json.dumps(envelope, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BroadcastError(f"broadcast data is not JSON-serialisable: {exc}") from None
+
+
+def broadcast(type, data=None, *, pipeline=None):
+    """Send ``data`` to the handlers of ``type`` in every listening process.
+
+    Returns how many processes were subscribed (None when queued on ``pipeline``).
+    """
+    body = encode(type, data)
+    conn = pipeline if pipeline is not None else get_connection()
+    receivers = conn.publish(setting("BROADCAST_CHANNEL"), body)
+    return None if pipeline is not None else receivers
+
+
+def dispatch(raw):
+    """Run the handlers of one received message. A bad message or a failing handler is only logged."""
+    try:
+        envelope = json.loads(raw)
+        type, data = envelope["type"], envelope.get("data")
+    except (ValueError, TypeError, KeyError) as exc:
+        logger.warning("Broadcast: ignoring a message that is not a Shoal broadcast (%s): %.200r", exc, raw)
+        return
+    handlers = handlers_for(type)
+    if not handlers:
+        logger.debug("Broadcast: no handler for %r in this process", type)
+    for handler in handlers:
+        try:
+            handler(data)
+        except Exception:
+            logger.exception("Broadcast: handler %s failed on %r", getattr(handler, "__qualname__", handler), type)
+
+
+class Listener(threading.Thread):
+    """Subscribes to the broadcast channel and runs handlers, until ``stop()``; survives Redis outages."""
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, channel=None):
+        super().__init__(name="shoal-broadcast", daemon=True)
+        self.channel = channel or setting("BROADCAST_CHANNEL")
+        self.stopping = threading.Event()
+        self.subscribed = threading.Event()
+        self.failures = 0
+
+    def run(self):
+        while not self.stopping.is_set():
+            pubsub = None
+            try:
+                pubsub = get_connection().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                self.subscribed.set()
+                if self.failures:
+                    logger.warning("Broadcast: listening on %s again after %d failed attempts", self.channel, self.failures)
+                    self.failures = 0
+                while not self.stopping.is_set():
+                    message = pubsub.get_message(timeout=self.POLL_SECONDS)
+                    if message is not None and message["type"] == "message":
+                        dispatch(message["data"])
+            except TRANSIENT_ERRORS as exc:
+                self.subscribed.clear()
+                self.failures += 1
+                if self.failures == 1:
+                    logger.warning("Broadcast: Redis unreachable (%s); resubscribing with back-off", exc)
+                self.stopping.wait(min(5.0, 0.1 * 2 ** min(self.failures, 6)) * random.uniform(0.5, 1.0))
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except TRANSIENT_ERRORS:
+                        pass
+
+    def stop(self, timeout=None):
+        self.stopping.set()
+        if timeout is not None:
+            self.join(timeout)
+
+
+_listener = None
+_listener_lock = threading.Lock()
+
+
+def start_listener():
+    """Start this process's listener, once per process (a forked child starts its own)."""
+    global _listener
+    with _listener_lock:
+        if _listener is None or _listener.pid != os.getpid() or not _listener.is_alive():
+            _listener = Listener()
+            _listener.pid = os.getpid()
+            _listener.start()
+        return _listener
+
+
+def stop_listener(timeout=2.0):
+    global _listener
+    with _listener_lock:
+        if _listener is not None and _listener.pid == os.getpid():
+            _listener.stop(timeout)
+        _listener = None
+
+
+# -- built-in handlers ----------------------------------------------------------------------
+
+
+@on_broadcast("ping")
+def reply_to_ping(data):
+    key = (data or {}).get("reply_to")
+    if not key:
+        return
+    pipe = get_connection().pipeline()
+    pipe.hset(key, str(os.getpid()), json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid()}))
+    pipe.expire(key, PING_REPLY_TTL)
+    pipe.execute()
+
+
+@on_broadcast("log_level")
+def set_log_level(data):
+    data = data or {}
+    level = str(data.get("level", "")).upper()
+    if not isinstance(logging.getLevelName(level), int):
+        logger.warning("Broadcast: log_level %r is not a logging level", data.get("level"))
+        return
+    names = [data["logger"]] if data.get("logger") else SHOAL_LOGGERS
+    for name in names:
+        logging.getLogger(name).setLevel(level)
+    logger.info("Broadcast: log level of %s set to %s", ", ".join(names), level)
+
+
+@on_broadcast("discovery.invalidate")
+def invalidate_discovery(data):
+    service = (data or {}).get("service")
+    try:
+        from discovery_app.client import invalidate
+    except ImportError:
+        logger.warning("Broadcast: discovery.invalidate for %r, but discovery_app.client has no invalidate()", service)
+        return
+    invalidate(service)

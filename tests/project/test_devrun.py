@@ -1,0 +1,44 @@
+"""make run's first-run admin user: created once, password printed once and stored 0600."""
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from project.devrun import ROOT, create_admin_once
+
+
+@pytest.fixture
+def env(tmp_path):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1",
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "SHOAL_VAR_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120)
+    return env
+
+
+def login_works(env, password):
+    check = f"from django.contrib.auth import authenticate; print(bool(authenticate(username='admin', password={password!r})))"
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", check], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip().splitlines()[-1:] == ["True"]
+
+
+def test_first_run_creates_the_admin_and_later_runs_do_not(env, tmp_path):
+    password = create_admin_once(sys.executable, env, var=tmp_path)
+    secret = tmp_path / "admin-password"
+    assert password and secret.read_text() == password + "\n"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert login_works(env, password)
+
+    assert create_admin_once(sys.executable, env, var=tmp_path) is None
+    assert secret.read_text() == password + "\n"
+
+
+def test_an_existing_admin_without_a_password_file_is_left_alone(env, tmp_path, capsys):
+    first = create_admin_once(sys.executable, env, var=tmp_path)
+    (tmp_path / "admin-password").unlink()
+    assert create_admin_once(sys.executable, env, var=tmp_path) is None
+    assert "already exists" in capsys.readouterr().out
+    assert not (tmp_path / "admin-password").exists()
+    assert login_works(env, first)

@@ -1,0 +1,48 @@
+"""/healthz and /readyz through Django's test client, against a real (and then a stopped) Redis."""
+import json
+import threading
+
+import pytest
+
+from project.health import run_checks
+
+
+def test_healthz_answers_without_io_and_whatever_the_host(client):
+    response = client.get("/healthz", HTTP_HOST="10.1.2.3")  # a pod IP, not in ALLOWED_HOSTS
+    assert response.status_code == 200 and response.content == b"ok\n"
+
+
+@pytest.mark.django_db
+def test_readyz_is_200_when_redis_and_the_database_answer(client, redis):
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.content
+    assert json.loads(response.content)["checks"] == {"redis": "ok", "database": "ok"}
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_naming_redis_when_redis_is_down(client, redis_factory, use_redis):
+    server = redis_factory()
+    use_redis(server)
+    server.stop()
+    response = client.get("/readyz", HTTP_HOST="10.1.2.3")
+    body = json.loads(response.content)
+    assert response.status_code == 503
+    assert body["failing"] == ["redis"]
+    assert body["checks"]["database"] == "ok"
+    assert "ConnectionError" in body["checks"]["redis"]
+
+
+def test_a_check_that_hangs_fails_by_name_within_the_timeout():
+    release = threading.Event()
+    try:
+        results = run_checks(0.2, {"fine": lambda timeout: None, "hung": lambda timeout: release.wait(30)})
+    finally:
+        release.set()
+    assert results == {"fine": "ok", "hung": "no answer within 0.2s"}
+
+
+def test_a_failing_check_reports_its_error():
+    def broken(timeout):
+        raise OSError("disk on fire")
+
+    assert run_checks(1.0, {"database": broken}) == {"database": "OSError: disk on fire"}

@@ -1,0 +1,19 @@
+import pytest
+
+from tests.serving.gunicorn_process import Gunicorn
+
+
+@pytest.fixture
+def gunicorn(tmp_path, redis_server):
+    """Start real gunicorn masters with gunicorn.conf.py against the test Redis; stopped at teardown."""
+    started = []
+
+    def start(*, workers=2, args=(), env=None, directory=None):
+        server = Gunicorn(directory or tmp_path / f"gunicorn{len(started)}", redis_server.url,
+                          workers=workers, args=args, env=env)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

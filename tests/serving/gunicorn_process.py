@@ -1,0 +1,111 @@
+"""A real gunicorn master (our gunicorn.conf.py) on a free port, for the serving tests and bench/http_bench.py."""
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from project.cpus import available_cpus
+from tests.redis_server import free_port
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def children_of(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        # The comm field may contain spaces; ppid is the second field after its closing parenthesis.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"web_registration" not in cmdline:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def get(port, path, timeout=10):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+class Gunicorn:
+    def __init__(self, directory, redis_url, *, workers=2, args=(), env=None, app="project.wsgi"):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.workers = workers or available_cpus()
+        self.metrics_dir = self.directory / "prometheus"
+        self.pidfile = self.directory / "gunicorn.pid"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "REDIS_URL": redis_url,
+            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
+            "WEB_CONCURRENCY": str(self.workers),
+            "SHOAL_VAR_DIR": str(self.directory / "var"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **(env or {}),
+        }
+        self.args = ["-c", str(ROOT / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{self.port}",
+                     "--pid", str(self.pidfile), "--log-level", "info", *args, app]
+        self.lines = []
+        self.proc = None
+
+    def start(self, timeout=60):
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", *self.args], cwd=ROOT, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._collect, daemon=True).start()
+        wait_for(self._answers, timeout=timeout, what=f"gunicorn on port {self.port} answering /healthz")
+        wait_for(lambda: len(self.worker_pids()) == self.workers and self.booted() >= self.workers,
+                 timeout=timeout, what=f"{self.workers} gunicorn workers")
+        return self
+
+    def _collect(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def _answers(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gunicorn exited with {self.proc.returncode}:\n{self.output()}")
+        try:
+            return get(self.port, "/healthz", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def output(self):
+        return "".join(self.lines)
+
+    def booted(self):
+        return self.output().count("Booting worker with pid")
+
+    def worker_pids(self):
+        return children_of(self.proc.pid)
+
+    def get(self, path, timeout=10):
+        return get(self.port, path, timeout)
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout=45):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,0 +1,28 @@
+"""The Grafana dashboard plots only metrics that Shoal exports, and plots every shoal_* metric."""
+import json
+import re
+from pathlib import Path
+
+from django_prometheus.middleware import Metrics
+from prometheus_client import REGISTRY
+
+from streams_app import metrics
+
+DASHBOARD = Path(__file__).resolve().parent.parent.parent / "deploy" / "grafana" / "shoal.json"
+METRIC = re.compile(r"\b((?:django_http|shoal)_[a-z_]+)")
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported():
+    Metrics.get_instance()  # registers the django_http_* metrics, as the first request does
+    families = [*REGISTRY.collect(), *metrics.BacklogCollector().describe()]
+    return {f.name + suffix: f.name for f in families for suffix in SUFFIXES.get(f.type, ("",))}
+
+
+def test_every_panel_query_names_an_exported_metric_and_every_shoal_metric_is_plotted():
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    used = {name for panel in panels for target in panel.get("targets", ()) for name in METRIC.findall(target["expr"])}
+    names = exported()
+    assert used and used <= set(names), sorted(used - set(names))
+    shoal_families = {family for family in names.values() if family.startswith("shoal_")}
+    assert {names[name] for name in used} >= shoal_families

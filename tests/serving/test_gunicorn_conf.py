@@ -1,0 +1,37 @@
+"""gunicorn.conf.py loads, and runs its master-side hooks, without importing Django or Redis.
+
+Whatever the master imports, the workers it forks after a HUP inherit unreloaded; the reload test
+proves new code is served, this one pins down why it can be.
+"""
+import json
+import subprocess
+import sys
+
+from tests.serving.gunicorn_process import ROOT
+
+PROBE = """
+import json, os, runpy, sys, types
+conf = runpy.run_path("gunicorn.conf.py")
+server = types.SimpleNamespace(log=types.SimpleNamespace(info=print))
+conf["on_starting"](server)
+conf["child_exit"](server, types.SimpleNamespace(pid=12345))
+conf["post_fork"](server, None)
+print(json.dumps({"workers": conf["workers"], "threads": conf["threads"], "preload_app": conf["preload_app"],
+                  "graceful_timeout": conf["graceful_timeout"], "max_requests": conf["max_requests"],
+                  "jitter": conf["max_requests_jitter"], "pidfile": conf["pidfile"],
+                  "metrics": os.environ["PROMETHEUS_MULTIPROC_DIR"],
+                  "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("django", "redis", "django_redis", "project", "streams_app", "discovery_app"))}))
+"""
+
+
+def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "SHOAL_VAR_DIR": str(tmp_path), "WEB_CONCURRENCY": "3"}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    conf = json.loads(out.stdout.strip().splitlines()[-1])
+    assert conf["imported"] == ["project", "project.cpus", "streams_app", "streams_app.multiproc"]
+    assert conf["workers"] == 3 and conf["threads"] == 4
+    assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
+    assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]
+    assert conf["pidfile"] == str(tmp_path / "gunicorn.pid")
+    assert conf["metrics"] == str(tmp_path / "prometheus")

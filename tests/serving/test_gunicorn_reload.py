@@ -1,0 +1,63 @@
+"""kill -HUP on a real gunicorn master under load: new code answers and no request fails."""
+import signal
+import textwrap
+import time
+
+import pytest
+
+from tests.serving.load import Load
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+VIEW = 'from django.http import HttpResponse\n\n\ndef version(request):\n    return HttpResponse("{text}")\n'
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A settings module whose URLconf adds /version, answered by a view module the test rewrites."""
+    directory = tmp_path / "site"
+    directory.mkdir()
+    (directory / "hup_settings.py").write_text('from tests.settings import *  # noqa\nROOT_URLCONF = "hup_urls"\n')
+    (directory / "hup_urls.py").write_text(textwrap.dedent("""\
+        from django.urls import path
+
+        from hup_view import version
+        from project.urls import urlpatterns as project_urls
+
+        urlpatterns = [path("version", version), *project_urls]
+    """))
+    (directory / "hup_view.py").write_text(VIEW.format(text="old code"))
+    return directory
+
+
+def reload_and_wait(server, old_pids):
+    server.signal(signal.SIGHUP)
+    wait_for(lambda: set(server.worker_pids()).isdisjoint(old_pids) and len(server.worker_pids()) == server.workers,
+             timeout=60, what="every old worker replaced after HUP")
+    return server.worker_pids()
+
+
+def test_hup_twice_under_load_loads_new_code_and_fails_no_request(gunicorn, site):
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    load = Load(server.port, "/version", clients=4, max_requests=20_000).start()
+    try:
+        wait_for(lambda: load.count() >= 300, timeout=60, what="300 requests before the first HUP")
+        pids = reload_and_wait(server, server.worker_pids())  # same code: a plain rolling restart
+        first_done = load.count()
+        (site / "hup_view.py").write_text(VIEW.format(text="new code, second version"))
+        wait_for(lambda: load.count() >= first_done + 300, timeout=60, what="300 requests between the HUPs")
+        reload_and_wait(server, pids)
+        reloaded_at = time.monotonic()
+        wait_for(lambda: load.count() >= 2_400 and sum(r.started > reloaded_at for r in load.results) >= 300,
+                 timeout=120, what="2,400 requests in all, 300 of them after the second reload")
+    finally:
+        load.stop()
+
+    failures = load.failures()
+    assert failures == [], f"{len(failures)} of {load.count()} requests failed, e.g. {failures[:3]}"
+    assert {r.body for r in load.results} == {"old code", "new code, second version"}
+    after = [r for r in load.results if r.started > reloaded_at]
+    assert after and {r.body for r in after} == {"new code, second version"}
+    assert server.output().count("Hang up") == 2
+    print(f"{load.count()} requests, 0 failed, {load.retries} retried on a kept-alive connection the server closed")
