@@ -68,9 +68,6 @@ def when_ready(server):
     # The registration process is kept on the arbiter: HUP re-reads this file into a new module,
     # and a Popen left in the old one would be collected, closing its pipe and deregistering.
     server.shoal_registration = None
-    if not (ROOT / "discovery_app" / "registrar.py").exists():
-        server.log.info("Discovery registration unavailable: discovery_app has no registrar yet.")
-        return
     listener = server.LISTENERS[0]
     address = listener.sock.getsockname()
     if not isinstance(address, tuple):

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +48,16 @@ class Call:
 
     def fail(self):
         self.failed = True
+
+
+# Every client of this process, so that a broadcast ("discovery.invalidate") reaches them all.
+_clients = weakref.WeakSet()
+
+
+def invalidate(service=None):
+    """Drop ``service`` (None: everything) from the cache of every DiscoveryClient in this process."""
+    for client in list(_clients):
+        client.invalidate(service)
 
 
 def fallback_instances(service, urls):
@@ -88,6 +99,7 @@ class DiscoveryClient:
         self._listener = None
         self._pid = os.getpid()
         self._http = threading.local()
+        _clients.add(self)
 
     # -- public API ------------------------------------------------------------------------
 

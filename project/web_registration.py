@@ -8,7 +8,7 @@ master rather than code in the master because registering needs Django and the a
 whatever the master imports is inherited, unreloaded, by every worker forked after a HUP: the master
 imports no app code, so that ``kill -HUP`` loads new code.
 
-The service name is ``settings.WEB_SERVICE_NAME``; the registrar (discovery_app.registrar, issue 6)
+The service name is ``settings.WEB_SERVICE_NAME``; the registrar (discovery_app.registrar)
 heartbeats and re-registers after Redis outages by itself.
 """
 import json
@@ -19,8 +19,6 @@ import sys
 import threading
 
 logger = logging.getLogger("discovery_app.web")
-
-EXIT_UNAVAILABLE = 3  # no registrar to register with: retrying would not help
 
 
 def _wait_for_eof(done):
@@ -41,11 +39,8 @@ def main(argv):
     django.setup()
     from django.conf import settings
 
-    try:
-        from discovery_app.registrar import Registrar
-    except ImportError as exc:
-        logger.warning("Web registration unavailable: %s", exc)
-        return EXIT_UNAVAILABLE
+    from discovery_app.registrar import Registrar
+
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -199,10 +199,6 @@ def set_log_level(data):
 
 @on_broadcast("discovery.invalidate")
 def invalidate_discovery(data):
-    service = (data or {}).get("service")
-    try:
-        from discovery_app.client import invalidate
-    except ImportError:
-        logger.warning("Broadcast: discovery.invalidate for %r, but discovery_app.client has no invalidate()", service)
-        return
-    invalidate(service)
+    from discovery_app.client import invalidate
+
+    invalidate((data or {}).get("service"))

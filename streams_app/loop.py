@@ -21,7 +21,7 @@ import time
 
 import redis
 
-from streams_app import deadletters
+from streams_app import deadletters, metrics
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.execution import POISON, run_chunk
 from streams_app.groups import ensure_group, is_nogroup
@@ -285,6 +285,7 @@ class GroupLoop:
         moved = [r for reply in replies[2 * len(self.errors):] for r in reply if r not in (0, b"gone", "gone")]
         if moved:
             self.dead_lettered += len(moved)
+            metrics.record_dead_lettered(self.stream, self.group, len(moved))
             logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(moved),
                            self.stream, self.group, dead_letter_key(self.stream))
         self.errors = []

@@ -74,3 +74,19 @@ def test_bad_input_is_refused():
         bc.broadcast("x", {"when": object()})
     with pytest.raises(CommandError, match="JSON is not valid"):
         call_command("broadcast", "log_level", "{level")
+
+
+def test_discovery_invalidate_broadcast_drops_every_client_cache(listener, redis):
+    from discovery_app.client import DiscoveryClient
+    from discovery_app.registry import ServiceRegistry
+
+    registry = ServiceRegistry()
+    registry.register("orders", "127.0.0.1", 9001, instance_id="one")
+    # No change events and an hour-long cache: only the broadcast can make the client look again.
+    client = DiscoveryClient("round-robin", listen=False, cache_ttl=3600)
+    assert {i.instance_id for i in client.instances("orders")} == {"one"}
+    registry.register("orders", "127.0.0.1", 9002, instance_id="two")
+    assert {i.instance_id for i in client.instances("orders")} == {"one"}
+    bc.broadcast("discovery.invalidate", {"service": "orders"})
+    wait_for(lambda: {i.instance_id for i in client.instances("orders")} == {"one", "two"},
+             what="the client to see the new instance after the broadcast")
