@@ -1,41 +1,10 @@
 """One read loop driven pass by pass (``tick``) against a real Redis, in this process."""
 import time
-from concurrent.futures import ThreadPoolExecutor
-
-import pytest
 
 from streams_app import publish, publish_many
-from streams_app.conf import get_settings
-from streams_app.connection import dedicated_connection, get_connection
-from streams_app.loop import GroupLoop
-from streams_app.registry import select
-from streams_app.worker import Shutdown
+from streams_app.connection import get_connection
+from tests.streams_app.loops import make_loop, run_until  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
-
-
-@pytest.fixture
-def make_loop(redis):
-    made = []
-
-    def make(selector="jobs:a", name="me", threads=2, **overrides):
-        [spec] = select([selector])
-        config = {**get_settings(), "BLOCK_MS": 50, **overrides}
-        executor = ThreadPoolExecutor(threads)
-        loop = GroupLoop(spec, name, conn=get_connection(), reader=dedicated_connection(f"test-{name}"),
-                         executor=executor, threads=threads, shutdown=Shutdown(), config=config)
-        made.append(executor)
-        return loop
-
-    yield make
-    for executor in made:
-        executor.shutdown(wait=True)
-
-
-def run_until(loop, condition, timeout=10):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "loop did not get there in time"
-        loop.tick()
 
 
 def test_handles_and_acks_in_batches(redis, make_loop):
