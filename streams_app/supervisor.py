@@ -75,7 +75,8 @@ class WorkerProcess:
 class Supervisor:
     def __init__(self, spawner, *, workers=1, autoscaler=None, lag_reader=None, lag_interval=None,
                  shutdown_timeout=30.0, heartbeat_timeout=60.0, restart_delay=1.0, crash_limit=10,
-                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, wall=time.time):
+                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, wall=time.time,
+                 set_title=setproctitle):
         self.spawner = spawner
         self.autoscaler = autoscaler
         self.desired = autoscaler.minimum if autoscaler else workers
@@ -92,6 +93,7 @@ class Supervisor:
         self.label = label
         self.clock = clock
         self.wall = wall
+        self.set_title = set_title
 
         self.workers = {}  # pid -> WorkerProcess
         self.signals = queue.SimpleQueue()
@@ -399,5 +401,5 @@ class Supervisor:
                  + (f" booting {states['booting']}" if states["booting"] else "")
                  + (f" stopping {states['stopping']}" if states["stopping"] else ""))
         if title != self._title:
-            setproctitle(title)
+            self.set_title(title)
             self._title = title
