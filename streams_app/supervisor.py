@@ -272,6 +272,13 @@ class Supervisor:
         if self.stopping or (worker.stopping and worker.kill_reason is None):
             logger.info("Supervisor: worker %s stopped (%s)", worker, how)
             return
+        if code == EXIT_BOOT_ERROR and worker.replaces is not None and worker.replaces in self.workers:
+            # A bad deploy seen at HUP: the workers on the previous code are still consuming; keep them.
+            logger.error("Supervisor: worker %s failed to boot (%s); rolling restart aborted, %d workers keep "
+                         "running the previous code. Fix the cause above, then send SIGHUP again.",
+                         worker, how, self.count_active())
+            self.reload_queue = []
+            return
         if code == EXIT_BOOT_ERROR:
             raise HaltServer(
                 f"worker {worker} failed to boot ({how}); see its error above. Not starting it again: "

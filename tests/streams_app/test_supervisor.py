@@ -212,6 +212,23 @@ def test_hup_replaces_workers_one_at_a_time_and_stops_each_only_once_its_success
     assert sorted(sup.workers) == [p.pid for p in spawner.procs[2:]]
 
 
+def test_a_replacement_that_fails_to_boot_aborts_the_rolling_restart_and_keeps_the_old_workers():
+    sup, spawner, wall = make(workers=2)
+    sup.tick(0)
+    beat_all(spawner, wall)
+    sup.tick(1)
+    sup.signals.put(signal.SIGHUP)
+    sup.tick(2)
+    [new] = spawner.procs[2:]
+    new.exit(EXIT_BOOT_ERROR)
+    for now in (3, 4, 5):
+        beat_all(spawner, wall)
+        sup.tick(now)
+    assert not sup.stopping and not sup.reload_queue
+    assert len(spawner.procs) == 3  # not respawned
+    assert [p.signals for p in spawner.procs[:2]] == [[], []]  # the old ones keep consuming
+
+
 def test_ttin_and_ttou_change_the_count_but_never_below_one():
     sup, spawner, wall = make(workers=1)
     sup.tick(0)

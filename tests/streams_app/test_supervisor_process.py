@@ -246,6 +246,21 @@ def test_a_handler_module_that_fails_to_import_halts_the_master_without_a_respaw
     assert re.search(r"worker 1 \(pid \d+\) stopped \(exit 0\)", out), "the good worker was not drained"
 
 
+def test_hup_with_code_that_fails_to_import_keeps_the_old_workers_consuming(redis, supervise, handler_app):
+    write, env = handler_app
+    master = supervise("flow:g", "--workers", "1", *FAST, env=env)
+    wait_for(lambda: len(workers(master)) == 1, timeout=30, what="1 worker")
+    write(body="raise ImportError('broken on purpose')\n")
+    master.signal(signal.SIGHUP)
+    master.wait_for_output("rolling restart aborted", timeout=60)
+    ids = publish(redis, "flow", [{"n": n} for n in range(5)])
+    wait_for(lambda: sorted(row[1] for row in flow_handled(redis)) == sorted(ids), timeout=30, what="handled by the old worker")
+    assert {row[0] for row in flow_handled(redis)} == {"v1"}
+    assert master.proc.poll() is None and master.output().count("spawned worker") == 2
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+
+
 def test_a_broken_handler_module_at_start_is_reported_and_nothing_is_spawned(redis, supervise, handler_app):
     write, env = handler_app
     write(body="raise ImportError('broken on purpose')\n")
