@@ -12,6 +12,7 @@ would not help, and the master halts instead of respawning it forever.
 import argparse
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -76,6 +77,9 @@ def make_worker(args, specs):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # A process group of its own is a background group for the master's terminal: with `stty tostop`
+    # writing the log there would stop the worker.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     title("booting", f"pid {os.getpid()}", args.selectors)
     try:
         specs = boot(args)

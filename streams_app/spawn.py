@@ -44,7 +44,7 @@ class ExecSpawner:
         heartbeat = HeartbeatFile()
         try:
             proc = subprocess.Popen(self.argv(heartbeat.fd), env=self.env, pass_fds=(heartbeat.fd,),
-                                    process_group=0, cwd=os.getcwd())
+                                    stdin=subprocess.DEVNULL, process_group=0, cwd=os.getcwd())
         except BaseException:
             heartbeat.close()
             raise

@@ -294,9 +294,11 @@ def test_metrics_expose_desired_workers_and_lag(redis, supervise):
 
     wait_for(lambda: 'shoal_supervisor_group_lag{group="b",stream="jobs"} 0.0' in scrape(), timeout=30,
              what="lag gauge at 0 after draining")
+    # The master counts a worker as consuming at its first heartbeat, a little after its title says so.
+    wait_for(lambda: 'shoal_supervisor_workers{state="consuming"} 2.0' in scrape(), timeout=30,
+             what="2 consuming workers in the metrics")
     text = scrape()
     assert "shoal_supervisor_desired_workers 2.0" in text
-    assert 'shoal_supervisor_workers{state="consuming"} 2.0' in text
     assert 'shoal_supervisor_group_lag_estimated{group="a",stream="jobs"} 0.0' in text
     master.signal(signal.SIGTERM)
     assert master.wait(30) == 0, master.output()
