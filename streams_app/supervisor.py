@@ -148,8 +148,10 @@ class Supervisor:
     def tick_seconds(self):
         now = self.clock()
         busy = self.stopping or self.reload_queue or any(not w.ready or w.stopping for w in self.workers.values())
-        if busy or now >= self.next_spawn_at - FAST_TICK and self.count_active() < self.desired:
+        if busy:
             return FAST_TICK
+        if self.count_active() < self.desired:  # a restart is due when its delay is over
+            return min(SLOW_TICK, max(FAST_TICK, self.next_spawn_at - now))
         return SLOW_TICK
 
     # -- signals ----------------------------------------------------------------------------

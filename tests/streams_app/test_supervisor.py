@@ -311,3 +311,17 @@ def test_an_unreadable_backlog_changes_nothing():
 )
 def test_seed_000_rule(lag, current, expected):
     assert decide(lag, current, minimum=1, maximum=4, target=100) == expected
+
+
+def test_the_loop_wakes_up_when_a_restart_is_due_not_a_full_slow_tick_later():
+    clock = [0.0]
+    sup, spawner, wall = make(workers=1, restart_delay=0.25, clock=lambda: clock[0])
+    sup.tick()
+    beat_all(spawner, wall)
+    sup.tick()
+    assert sup.tick_seconds() == 1.0  # all is well: the slow pace
+    spawner.procs[0].exit(1)
+    sup.tick()
+    assert sup.tick_seconds() == 0.25
+    clock[0] = 0.2
+    assert sup.tick_seconds() == 0.1

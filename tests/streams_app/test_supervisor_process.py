@@ -261,6 +261,27 @@ def test_hup_with_code_that_fails_to_import_keeps_the_old_workers_consuming(redi
     assert master.wait(30) == 0, master.output()
 
 
+def test_workers_that_keep_crashing_make_the_master_give_up_with_exit_1(redis, supervise, handler_app):
+    write, env = handler_app
+    write(body=textwrap.dedent("""
+        import os
+        from streams_app import consumer
+
+        @consumer("flow", group="g")
+        def handle(message):
+            os._exit(1)  # the whole worker process dies
+    """))
+    publish(redis, "flow", [{"n": n} for n in range(10)])
+    # One thread: a worker reads at most 2 entries, so each new worker gets fresh ones to crash on.
+    master = supervise("flow:g", "--workers", "1", "--threads", "1", *FAST, env=env,
+                       streams={"RESTART_DELAY": 0.1, "CRASH_LIMIT": 3, "CRASH_WINDOW": 600})
+    assert master.wait(60) == 1
+    out = master.output()
+    assert out.count("crashed (exit 1)") == 2 and "3 worker crashes within 600s; giving up" in out
+    assert out.count("spawned worker") == 3
+    assert "replacing it in 0.1s" in out and "replacing it in 0.2s" in out  # the delay grows
+
+
 def test_a_broken_handler_module_at_start_is_reported_and_nothing_is_spawned(redis, supervise, handler_app):
     write, env = handler_app
     write(body="raise ImportError('broken on purpose')\n")
