@@ -5,9 +5,10 @@ from django.core.checks import Error, Warning, register
 from streams_app.defaults import DEFAULTS
 
 _POSITIVE_INTS = ("BATCH_SIZE", "BLOCK_MS", "THREADS", "PENDING_TIMEOUT_MS", "CLAIM_INTERVAL_MS", "MAX_PAYLOAD_BYTES",
-                  "ERROR_TTL", "IDEMPOTENCY_TTL", "SNAPSHOT_RETENTION")
+                  "ERROR_TTL", "IDEMPOTENCY_TTL", "SNAPSHOT_RETENTION", "TARGET_LAG", "CRASH_LIMIT")
 _POSITIVE_NUMBERS = ("SHUTDOWN_TIMEOUT", "RECONNECT_BACKOFF_MAX", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX",
-                     "RECLAIM_INTERVAL", "DEAD_CONSUMER_IDLE", "SNAPSHOT_INTERVAL")
+                     "RECLAIM_INTERVAL", "DEAD_CONSUMER_IDLE", "SNAPSHOT_INTERVAL", "SCALE_INTERVAL",
+                     "HEARTBEAT_INTERVAL", "HEARTBEAT_TIMEOUT", "RESTART_DELAY", "CRASH_WINDOW")
 
 
 @register()
@@ -89,4 +90,21 @@ def check_streams_settings(app_configs=None, **kwargs):
                 id="streams_app.E020",
             )
         )
+    errors.extend(_check_supervisor(merged))
     return errors
+
+
+def _check_supervisor(merged):
+    interval, timeout = merged["HEARTBEAT_INTERVAL"], merged["HEARTBEAT_TIMEOUT"]
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (interval, timeout))
+    if numbers and timeout <= 2 * max(interval, 1):
+        # A worker's main loop wakes at least once a second, so it beats at most that often.
+        return [
+            Warning(
+                f"STREAMS['HEARTBEAT_TIMEOUT'] ({timeout} s) is not above twice HEARTBEAT_INTERVAL ({interval} s, "
+                "at least 1 s): the supervisor may kill healthy workers between two heartbeats.",
+                hint="Raise HEARTBEAT_TIMEOUT or lower HEARTBEAT_INTERVAL.",
+                id="streams_app.W010",
+            )
+        ]
+    return []

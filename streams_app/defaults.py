@@ -59,6 +59,32 @@ SNAPSHOT_RETENTION = 7 * 24 * 3600
 BROADCAST_CHANNEL = "shoal:broadcast"
 """The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each."""
 
+# -- the runconsumer supervisor (--workers / --min-workers) -------------------------------------
+
+TARGET_LAG = 100
+"""Autoscaling aims at this backlog (XINFO GROUPS ``lag``, summed over the selected groups): above
+twice it up to 2 workers are added, below half of it one is removed (``runconsumer --target-lag``)."""
+
+SCALE_INTERVAL = 30.0
+"""Seconds between two autoscaling decisions (and lag readings for the metrics) (``--scale-interval``)."""
+
+HEARTBEAT_INTERVAL = 10.0
+"""Seconds between two heartbeats of a worker process to its master (``--heartbeat-interval``)."""
+
+HEARTBEAT_TIMEOUT = 60.0
+"""A worker whose handlers made no progress for this long while busy, or whose main loop stopped,
+is killed and replaced (``--heartbeat-timeout``). Keep it above your longest handler run."""
+
+RESTART_DELAY = 1.0
+"""Seconds before a crashed worker is replaced; doubled for each further crash in CRASH_WINDOW, up to 30 s."""
+
+CRASH_LIMIT = 10
+"""This many worker crashes within CRASH_WINDOW make the master give up and exit non-zero, so systemd
+or Kubernetes sees that something is wrong."""
+
+CRASH_WINDOW = 600.0
+"""The window, in seconds, over which worker crashes are counted (see CRASH_LIMIT and RESTART_DELAY)."""
+
 DEFAULTS = {
     "REDIS_ALIAS": REDIS_ALIAS,
     "BATCH_SIZE": BATCH_SIZE,
@@ -78,4 +104,12 @@ DEFAULTS = {
     "SNAPSHOT_INTERVAL": SNAPSHOT_INTERVAL,
     "SNAPSHOT_RETENTION": SNAPSHOT_RETENTION,
     "BROADCAST_CHANNEL": BROADCAST_CHANNEL,
+
+    "TARGET_LAG": TARGET_LAG,
+    "SCALE_INTERVAL": SCALE_INTERVAL,
+    "HEARTBEAT_INTERVAL": HEARTBEAT_INTERVAL,
+    "HEARTBEAT_TIMEOUT": HEARTBEAT_TIMEOUT,
+    "RESTART_DELAY": RESTART_DELAY,
+    "CRASH_LIMIT": CRASH_LIMIT,
+    "CRASH_WINDOW": CRASH_WINDOW,
 }

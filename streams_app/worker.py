@@ -35,7 +35,12 @@ class Shutdown(threading.Event):
 
 
 class Worker:
-    def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None, clock=time.monotonic):
+    # Supervision hooks (streams_app.child): the class of the handler pool, so a supervised worker
+    # can track handler progress, and ``heartbeat(worker)``, called on every pass of ``run()``.
+    executor_class = ThreadPoolExecutor
+
+    def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
+                 clock=time.monotonic, heartbeat=None):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -53,6 +58,7 @@ class Worker:
         self.threads_ = []
         self.exit_code = EXIT_OK
         self.stuck = 0  # handler chunks still running after the shutdown timeout
+        self.heartbeat = heartbeat
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -63,6 +69,8 @@ class Worker:
         logger.info("Consumer %s: started (%s; %d handler threads)", self.name,
                     ", ".join(s.name for s in self.specs), self.threads)
         while self.alive():
+            if self.heartbeat is not None:
+                self.heartbeat(self)
             try:
                 signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else 1.0)
             except queue.Empty:
@@ -86,7 +94,7 @@ class Worker:
             except TRANSIENT_ERRORS as exc:
                 logger.warning("Consumer %s: Redis unreachable at start (%s); the read loops will keep trying", self.name, exc)
                 break
-        self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="shoal-handler")
+        self.executor = self.executor_class(self.threads, thread_name_prefix="shoal-handler")
         for spec in self.specs:
             loop = GroupLoop(
                 spec, self.name, conn=conn, reader=dedicated_connection(self.reader_client_name),

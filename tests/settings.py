@@ -15,3 +15,6 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 STREAMS = {**STREAMS, **json.loads(os.environ.get("SHOAL_TEST_STREAMS", "{}"))}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Tests that write a throw-away app (e.g. to change handler code under a running supervisor) add it here.
+INSTALLED_APPS += json.loads(os.environ.get("SHOAL_TEST_APPS", "[]"))

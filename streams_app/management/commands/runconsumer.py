@@ -4,6 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
 from streams_app.registry import select
 from streams_app.worker import EXIT_CONFIG, Worker
@@ -18,30 +19,98 @@ def positive_int(text):
     return value
 
 
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
 positive_int.__name__ = "positive integer"
+positive_float.__name__ = "positive number"
+
+_POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout", "metrics_port")
 
 
 class Command(BaseCommand):
-    help = "Run the registered stream consumers (all, or the STREAM:GROUP pairs named) in this process."
+    help = (
+        "Run the registered stream consumers (all, or the STREAM:GROUP pairs named). Without --workers or "
+        "--min/--max-workers, one consumer runs in this process; with them, this process is a supervisor "
+        "that forks worker processes, restarts crashed ones, follows the backlog and reloads on SIGHUP."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("selectors", nargs="*", metavar="STREAM:GROUP",
                             help="Consumers to run, e.g. orders:email. Splits at the last ':'. Default: all registered.")
-        parser.add_argument("--threads", type=positive_int, help="Handler threads (default STREAMS['THREADS']).")
+        parser.add_argument("--threads", type=positive_int, help="Handler threads per process (default STREAMS['THREADS']).")
         parser.add_argument("--batch", type=positive_int, help="Entries per read (default STREAMS['BATCH_SIZE']).")
         parser.add_argument("--block-ms", type=positive_int, help="How long an idle read blocks, in ms (default STREAMS['BLOCK_MS']).")
         parser.add_argument("--shutdown-timeout", type=float,
                             help="Seconds in-flight handlers get after SIGTERM (default STREAMS['SHUTDOWN_TIMEOUT']).")
+        pool = parser.add_argument_group("supervisor (worker pool)")
+        pool.add_argument("--workers", type=positive_int,
+                          help="Run a supervisor with this many worker processes (fixed; SIGTTIN/SIGTTOU add or remove one).")
+        pool.add_argument("--min-workers", type=positive_int,
+                          help="Autoscale: the fewest worker processes (default 1; needs --max-workers).")
+        pool.add_argument("--max-workers", type=positive_int, help="Autoscale: the most worker processes.")
+        pool.add_argument("--target-lag", type=positive_int,
+                          help="Autoscale: backlog to aim for; above 2x add up to 2 workers, below half remove 1 "
+                               "(default STREAMS['TARGET_LAG']).")
+        pool.add_argument("--scale-interval", type=positive_float,
+                          help="Seconds between backlog readings and scaling decisions (default STREAMS['SCALE_INTERVAL']).")
+        pool.add_argument("--heartbeat-interval", type=positive_float,
+                          help="Seconds between worker heartbeats (default STREAMS['HEARTBEAT_INTERVAL']).")
+        pool.add_argument("--heartbeat-timeout", type=positive_float,
+                          help="Kill and replace a worker without heartbeat (or handler progress) for this long "
+                               "(default STREAMS['HEARTBEAT_TIMEOUT']).")
+        pool.add_argument("--metrics-port", type=positive_int,
+                          help="Serve the supervisor's Prometheus metrics (desired workers, lag) on this port.")
+        pool.add_argument("--metrics-addr", default="127.0.0.1",
+                          help="Address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus scrape it).")
 
-    def handle(self, *args, selectors, threads, batch, block_ms, shutdown_timeout, verbosity, **options):
-        logging.getLogger("streams_app").setLevel(_LEVELS.get(verbosity, logging.INFO))
-        if shutdown_timeout is not None and shutdown_timeout < 0:
+    def handle(self, *args, selectors, verbosity, **options):
+        level = _LEVELS.get(verbosity, logging.INFO)
+        logging.getLogger("streams_app").setLevel(level)
+        if options["shutdown_timeout"] is not None and options["shutdown_timeout"] < 0:
             raise CommandError("--shutdown-timeout must be 0 or more seconds.")
+        pooled = self.validate_pool_options(options)
         try:
             specs = select(selectors)
         except ConsumerConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
-        worker = Worker(specs, threads=threads, batch=batch, block_ms=block_ms, shutdown_timeout=shutdown_timeout)
+        if pooled:
+            return self.run_supervisor(selectors, specs, level, options)
+        return self.run_in_process(specs, options)
+
+    def validate_pool_options(self, options):
+        workers, low, high = options["workers"], options["min_workers"], options["max_workers"]
+        if workers is not None and (low is not None or high is not None):
+            raise CommandError("Give either --workers N (a fixed pool) or --min-workers/--max-workers (autoscaling), not both.")
+        if low is not None and high is None:
+            raise CommandError("--min-workers needs --max-workers: autoscaling keeps the count between the two.")
+        if low is not None and low > high:
+            raise CommandError(f"--min-workers ({low}) is above --max-workers ({high}).")
+        autoscaling = high is not None
+        if options["target_lag"] is not None and not autoscaling:
+            raise CommandError("--target-lag only applies with --min-workers/--max-workers (autoscaling).")
+        pooled = autoscaling or workers is not None
+        if not pooled:
+            given = [name for name in (*_POOL_ONLY, "scale_interval") if options[name] is not None]
+            if given:
+                flags = ", ".join("--" + name.replace("_", "-") for name in given)
+                raise CommandError(f"{flags} need a supervisor: add --workers N or --min-workers/--max-workers.")
+        elif options["scale_interval"] is not None and not autoscaling and options["metrics_port"] is None:
+            raise CommandError("--scale-interval applies to autoscaling or --metrics-port (lag readings).")
+        config = get_settings()
+        interval = options["heartbeat_interval"] or config["HEARTBEAT_INTERVAL"]
+        timeout = options["heartbeat_timeout"] or config["HEARTBEAT_TIMEOUT"]
+        if pooled and timeout <= interval:
+            raise CommandError(f"--heartbeat-timeout ({timeout}s) must be above --heartbeat-interval ({interval}s).")
+        return pooled
+
+    def run_in_process(self, specs, options):
+        worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
+                        shutdown_timeout=options["shutdown_timeout"])
         try:
             code = worker.run()
         except StreamsError as exc:
@@ -53,3 +122,14 @@ class Command(BaseCommand):
             os._exit(code)
         if code:
             raise CommandError(f"consumer {worker.name} stopped after an error (exit {code}); see the log above.", returncode=code)
+
+    def run_supervisor(self, selectors, specs, level, options):
+        from streams_app.pool import build_supervisor
+
+        try:
+            supervisor = build_supervisor(selectors, specs, options, log_level=level)
+        except OSError as exc:
+            raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
+        code = supervisor.run()
+        if code:
+            raise CommandError(f"the supervisor stopped with exit {code}; see the log above.", returncode=code)
