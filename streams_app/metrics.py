@@ -3,11 +3,11 @@
 Recorded once per handler chunk, never per message: ``run_chunk`` calls ``chunk_started`` and
 ``ChunkRecorder.finished``, which cost a few counter increments per chunk whatever its size.
 
-Where consumer metrics are served: on a port of their own, ``start_metrics_server(port)``, called by
-runconsumer's master. Its forked workers write to a multiprocess directory of its own (the
-``PROMETHEUS_MULTIPROC_DIR`` in the consumer's environment, never the web tier's: gunicorn's master
-empties that one at start, and web and consumers are scraped, scaled and restarted apart). Without
-``PROMETHEUS_MULTIPROC_DIR`` a single consumer process serves its own in-memory values.
+Where consumer metrics are served: on a port of their own, ``runconsumer --metrics-port``. A single
+consumer process serves its in-memory values (``start_metrics_server``). A supervisor gives its
+workers a private multiprocess directory (never the web tier's: gunicorn's master empties that one
+at start, and web and consumers are scraped, scaled and restarted apart) and serves their sum,
+dead workers' counters folded into an archive (``poolmetrics``).
 
 Lag, pending and dead letters per group are read from Redis when scraped (``BacklogCollector``), so
 they are right whichever process is scraped; the web tier's /metrics includes them.
@@ -35,12 +35,6 @@ duration = Histogram("shoal_handler_duration_seconds", "Handler time per entry. 
                      buckets=DURATION_BUCKETS)
 in_flight = Gauge("shoal_messages_in_flight", "Entries handed to handler threads and not finished.", LABELS,
                   multiprocess_mode="livesum")
-# Labelled by pool (the consumers a runconsumer master runs), so that processes that are not
-# masters, gunicorn workers included, export no misleading 0.
-workers = Gauge("shoal_consumer_workers", "Worker processes of a runconsumer master.", ("pool",), multiprocess_mode="livemax")
-workers_desired = Gauge("shoal_consumer_workers_desired", "Worker processes a runconsumer master wants from the backlog.",
-                        ("pool",), multiprocess_mode="livemax")
-
 
 class ChunkRecorder:
     """The labelled children of one (stream, group), resolved once: ``labels()`` takes a lock."""
@@ -101,12 +95,6 @@ def observe_many(histogram, count, seconds):
 def record_dead_lettered(stream, group, count=1):
     """For the dead-letter code: ``count`` entries of ``stream``/``group`` went to ``{stream}:dlq``."""
     dead_lettered.labels(stream, group).inc(count)
-
-
-def set_workers(current, desired, pool="all"):
-    """For runconsumer's master, each time it reconciles its pool (``pool``: e.g. "orders:email,orders:points")."""
-    workers.labels(pool).set(current)
-    workers_desired.labels(pool).set(desired)
 
 
 class BacklogCollector:

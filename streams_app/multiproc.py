@@ -53,7 +53,17 @@ class LockedMultiProcessCollector(MultiProcessCollector):
 
     def collect(self):
         with locked(self._path, exclusive=False):
-            return list(super().collect())
+            # A process that is just starting creates its file empty and sizes it a moment later;
+            # prometheus_client would fail the whole scrape on it (struct.error). It holds no value yet.
+            files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _size(f) >= 8]
+            return list(self.merge(files, accumulate=True))
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:  # compacted away between glob and stat
+        return 0
 
 
 def multiprocess_registry(path=None):

@@ -1,4 +1,7 @@
 """Assembling a supervisor from settings and runconsumer's options (the command stays an adapter)."""
+import tempfile
+
+from streams_app import multiproc
 from streams_app.autoscale import Autoscaler
 from streams_app.conf import get_settings
 from streams_app.connection import get_connection
@@ -23,14 +26,21 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         autoscaler = Autoscaler(minimum=options.get("min_workers") or 1, maximum=options["max_workers"],
                                 target=_pick(options, "target_lag", config, "TARGET_LAG"), interval=interval)
     metrics = None
+    spawner_env = {}
     if options.get("metrics_port"):
         metrics = PoolMetrics()
+        # Workers read PROMETHEUS_MULTIPROC_DIR when they import prometheus_client: a directory of
+        # this master's own, whatever the environment says (it may be the web tier's).
+        path = tempfile.mkdtemp(prefix="shoal-consumer-metrics-")
+        metrics.collect_workers(path)
+        spawner_env[multiproc.ENV] = path
         metrics.serve(options["metrics_port"], options.get("metrics_addr") or "127.0.0.1")
     reads_lag = autoscaler is not None or metrics is not None
     spawner = ExecSpawner(
         selectors, heartbeat_interval=heartbeat_interval, threads=options.get("threads"), batch=options.get("batch"),
         block_ms=options.get("block_ms"), shutdown_timeout=shutdown_timeout, log_level=log_level,
     )
+    spawner.env.update(spawner_env)
     return Supervisor(
         spawner,
         workers=options.get("workers") or 1,

@@ -7,6 +7,8 @@ across hosts; ``shoal_supervisor_desired_workers`` is what this master's own rul
 """
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from streams_app import multiproc
+
 
 class PoolMetrics:
     def __init__(self, registry=None):
@@ -29,6 +31,22 @@ class PoolMetrics:
         for g in lags:
             self.lag.labels(g.stream, g.group).set(g.lag)
             self.lag_estimated.labels(g.stream, g.group).set(1 if g.estimated else 0)
+
+    def collect_workers(self, path):
+        """Also report what the worker processes record (handled, failed, durations) under ``path``,
+        and the backlog read from Redis at scrape time."""
+        from streams_app.metrics import BacklogCollector
+
+        multiproc.reset(path)
+        self.worker_dir = path
+        multiproc.LockedMultiProcessCollector(self.registry, path)
+        self.registry.register(BacklogCollector())
+
+    def worker_exited(self, pid):
+        # Fold a dead worker's counters into the archive: totals never go backwards and the
+        # directory does not grow with every worker ever started.
+        if getattr(self, "worker_dir", None):
+            multiproc.process_dead(pid, self.worker_dir)
 
     def serve(self, port, addr="127.0.0.1"):
         start_http_server(port, addr=addr, registry=self.registry)

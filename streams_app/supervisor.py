@@ -267,6 +267,8 @@ class Supervisor:
                 continue
             del self.workers[worker.pid]
             worker.heartbeat.close()
+            if self.metrics is not None:
+                self.metrics.worker_exited(worker.pid)
             self.on_exit(worker, code, now)
 
     def on_exit(self, worker, code, now):

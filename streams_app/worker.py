@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from streams_app import broadcast
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
 from streams_app.groups import ensure_group
@@ -66,6 +67,8 @@ class Worker:
         """Consume until stopped; return the exit code."""
         self.boot()
         self.install_signals()
+        # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
+        broadcast.start_listener()
         logger.info("Consumer %s: started (%s; %d handler threads)", self.name,
                     ", ".join(s.name for s in self.specs), self.threads)
         while self.alive():
@@ -82,6 +85,7 @@ class Worker:
                 self.unblock_readers()
         self.stuck = sum(loop.busy_chunks for loop in self.loops)
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
+        broadcast.stop_listener()
         logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(l.handled for l in self.loops))
         return self.exit_code
 

@@ -7,6 +7,7 @@ from django_prometheus.middleware import Metrics
 from prometheus_client import REGISTRY
 
 from streams_app import metrics
+from streams_app.poolmetrics import PoolMetrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent.parent / "deploy" / "grafana" / "shoal.json"
 METRIC = re.compile(r"\b((?:django_http|shoal)_[a-z_]+)")
@@ -15,7 +16,8 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 def exported():
     Metrics.get_instance()  # registers the django_http_* metrics, as the first request does
-    families = [*REGISTRY.collect(), *metrics.BacklogCollector().describe()]
+    pool = PoolMetrics()  # the supervisor's own registry, served by runconsumer --metrics-port
+    families = [*REGISTRY.collect(), *metrics.BacklogCollector().describe(), *pool.registry.collect()]
     return {f.name + suffix: f.name for f in families for suffix in SUFFIXES.get(f.type, ("",))}
 
 

@@ -59,3 +59,12 @@ def test_reset_empties_the_directory(tmp_path):
     multiproc.reset(str(tmp_path))
     assert [name for name in os.listdir(tmp_path) if name.endswith(".db")] == []
     assert (tmp_path / "x").is_dir()
+
+
+def test_a_file_being_created_does_not_fail_the_scrape(tmp_path):
+    from streams_app import multiproc
+
+    multiproc.reset(tmp_path)
+    (tmp_path / "counter_4242.db").write_bytes(b"")  # a worker between open() and truncate()
+    registry = multiproc.multiprocess_registry(str(tmp_path))
+    list(registry.collect())  # must not raise struct.error

@@ -125,3 +125,25 @@ def test_sigterm_cuts_a_blocked_read_short_so_nothing_is_read_after_it(redis, ru
     assert proc.wait(30) == 0
     [group] = redis.xinfo_groups("jobs")
     assert group["pending"] == 0 and group["lag"] == 1, f"the entry {late} published after SIGTERM was read"
+
+
+def test_a_single_consumer_serves_its_metrics(redis, run_consumer):
+    import urllib.request
+
+    from tests.redis_server import free_port
+
+    port = free_port()
+    proc = run_consumer("jobs:a", "--metrics-port", str(port))
+    publish_raw(redis, "jobs", [{"n": n} for n in range(20)] + [{"fail": "x"}])
+    wait_for(lambda: redis.llen("handled:jobs:a") == 20, timeout=30, what="20 handled")
+
+    def scrape():
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+    wait_for(lambda: 'shoal_messages_handled_total{group="a",stream="jobs"} 20.0' in scrape(), what="handled counter")
+    text = scrape()
+    assert 'shoal_messages_failed_total{group="a",reason="error",stream="jobs"} 1.0' in text
+    # The backlog, read from Redis at scrape time: only the failed entry stays pending (acks are batched).
+    wait_for(lambda: 'shoal_group_pending{group="a",stream="jobs"} 1.0' in scrape(), what="pending gauge at 1")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0

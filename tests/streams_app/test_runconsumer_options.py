@@ -19,7 +19,7 @@ from tests.waiting import wait_for
         (["--min-workers", "2"], "--min-workers needs --max-workers"),
         (["--workers", "2", "--target-lag", "5"], "--target-lag only applies"),
         (["--heartbeat-timeout", "9"], "--heartbeat-timeout need a supervisor"),
-        (["--metrics-port", "9100", "--scale-interval", "2"], "--metrics-port, --scale-interval need a supervisor"),
+        (["--heartbeat-timeout", "9", "--scale-interval", "2"], "--heartbeat-timeout, --scale-interval need a supervisor"),
         (["--workers", "2", "--scale-interval", "2"], "--scale-interval applies to autoscaling or --metrics-port"),
         (["--workers", "1", "--heartbeat-interval", "5", "--heartbeat-timeout", "5"], "must be above --heartbeat-interval"),
     ],

@@ -323,3 +323,43 @@ def test_metrics_expose_desired_workers_and_lag(redis, supervise):
     assert 'shoal_supervisor_group_lag_estimated{group="a",stream="jobs"} 0.0' in text
     master.signal(signal.SIGTERM)
     assert master.wait(30) == 0, master.output()
+
+
+def test_worker_counters_are_summed_across_workers_and_survive_a_worker_kill(redis, supervise):
+    port = free_port()
+    master = supervise("jobs:a", "--workers", "2", "--metrics-port", str(port), *FAST)
+    wait_for(lambda: len(workers(master)) == 2, timeout=30, what="2 workers")
+    publish(redis, "jobs", [{"n": n} for n in range(200)])
+    wait_for(lambda: redis.xinfo_groups("jobs")[0]["pending"] == 0 and redis.llen("handled:jobs:a") == 200,
+             timeout=30, what="200 handled and acked")
+
+    def handled():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for line in text.splitlines():
+            if line.startswith('shoal_messages_handled_total{group="a",stream="jobs"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    wait_for(lambda: handled() == 200, timeout=10, what="the sum over both workers at 200")
+    os.kill(workers(master)[0], signal.SIGKILL)
+    wait_for(lambda: len(workers(master)) == 2, timeout=30, what="the killed worker replaced")
+    assert handled() == 200, "a dead worker's counts were lost"
+    publish(redis, "jobs", [{"n": n} for n in range(50)])
+    seen = []
+    wait_for(lambda: seen.append(handled()) or seen[-1] == 250, timeout=30,
+             what=f"counts from the new worker added (last scrapes: {seen[-3:]})")
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+
+
+def test_every_consumer_worker_hears_a_broadcast(redis, supervise):
+    from streams_app.broadcast import broadcast
+
+    master = supervise("jobs:a", "--workers", "2", *FAST)
+    wait_for(lambda: dict(redis.pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 2, timeout=30,
+             what="2 workers subscribed")
+    assert broadcast("ping", {"reply_to": "acks"}) == 2
+    wait_for(lambda: redis.hlen("acks") == 2, timeout=10, what="2 acknowledgements")
+    assert sorted(int(pid) for pid in redis.hkeys("acks")) == sorted(workers(master))
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()

@@ -29,7 +29,7 @@ def positive_float(text):
 positive_int.__name__ = "positive integer"
 positive_float.__name__ = "positive number"
 
-_POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout", "metrics_port")
+_POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
 
 
 class Command(BaseCommand):
@@ -63,9 +63,11 @@ class Command(BaseCommand):
         pool.add_argument("--heartbeat-timeout", type=positive_float,
                           help="Kill and replace a worker without heartbeat (or handler progress) for this long "
                                "(default STREAMS['HEARTBEAT_TIMEOUT']).")
-        pool.add_argument("--metrics-port", type=positive_int,
-                          help="Serve the supervisor's Prometheus metrics (desired workers, lag) on this port.")
-        pool.add_argument("--metrics-addr", default="127.0.0.1",
+        parser.add_argument("--metrics-port", type=positive_int,
+                            help="Serve Prometheus metrics on this port: handled/failed/dead-lettered counters, handler "
+                                 "durations, in-flight, backlog; with a supervisor, summed over its workers, plus "
+                                 "desired and current workers.")
+        parser.add_argument("--metrics-addr", default="127.0.0.1",
                           help="Address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus scrape it).")
 
     def handle(self, *args, selectors, verbosity, **options):
@@ -109,6 +111,13 @@ class Command(BaseCommand):
         return pooled
 
     def run_in_process(self, specs, options):
+        if options["metrics_port"]:
+            from streams_app.metrics import start_metrics_server
+
+            try:
+                start_metrics_server(options["metrics_port"], options["metrics_addr"])
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
                         shutdown_timeout=options["shutdown_timeout"])
         try:
