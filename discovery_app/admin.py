@@ -19,7 +19,7 @@ class InstanceMirror:
 
 @admin.register(ServiceInstance)
 class ServiceInstanceAdmin(MirrorAdmin, admin.ModelAdmin):
-    list_display = ("service", "instance_id", "endpoint", "version", "zone", "weight", "last_heartbeat", "healthy")
+    list_display = ("service", "instance_id", "endpoint", "version", "zone", "weight", "heartbeat", "healthy")
     list_filter = ("service", "zone", "healthy", "version")
     search_fields = ("service", "instance_id", "address", "version")
     fields = ("service", "instance_id", "address", "port", "version", "zone", "weight", "tags", "registered_at",
@@ -29,6 +29,12 @@ class ServiceInstanceAdmin(MirrorAdmin, admin.ModelAdmin):
 
     def has_deregister_permission(self, request):
         return request.user.has_perm("discovery_app.deregister_instance")
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat")
+    def heartbeat(self, obj):
+        if obj.last_heartbeat is None:
+            return "-"
+        return f"{max(0.0, (obj.synced_at - obj.last_heartbeat).total_seconds()):.1f} s before the sync"
 
     @admin.display(description="address:port")
     def endpoint(self, obj):

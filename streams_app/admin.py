@@ -143,7 +143,7 @@ class GroupFilter(ValueFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("entry_id", "stream", "group", "error_type", "short_error", "deliveries", "failed_at", "payload_preview")
+    list_display = ("entry_id", "stream", "group", "short_error", "deliveries", "failed_at", "payload_preview")
     list_filter = (StreamFilter, GroupFilter, ErrorTypeFilter, "failed_at")
     search_fields = ("payload", "error", "origin_id", "entry_id")
     date_hierarchy = "failed_at"
@@ -167,11 +167,11 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
     @admin.display(description="error")
     def short_error(self, obj):
-        return obj.error[:80] + ("…" if len(obj.error) > 80 else "")
+        return obj.error[:60] + ("…" if len(obj.error) > 60 else "")
 
     @admin.display(description="payload")
     def payload_preview(self, obj):
-        return format_html("<code>{}</code>", obj.payload[:80] + ("…" if len(obj.payload) > 80 else ""))
+        return format_html("<code>{}</code>", obj.payload[:60] + ("…" if len(obj.payload) > 60 else ""))
 
     @admin.display(description="payload")
     def pretty_payload(self, obj):

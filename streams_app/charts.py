@@ -1,7 +1,8 @@
 """Server-rendered SVG line charts of a group's snapshots: no JavaScript, no CDN.
 
-``group_chart`` draws two panels over the last hours: backlog (lag, pending, dead letters) and
-throughput (entries acknowledged per minute, from the growth of entries-read minus pending).
+``group_chart`` draws three panels over the last hours: backlog (lag, pending), throughput
+(entries acknowledged per minute, from the growth of entries-read minus pending) and dead letters
+(on a scale of their own, so one failed message is visible next to a backlog of thousands).
 """
 from datetime import timedelta
 from html import escape
@@ -9,7 +10,7 @@ from html import escape
 from django.utils import timezone
 
 WIDTH = 760
-PANEL_HEIGHT = 170
+PANEL_HEIGHT = 150
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 56, 150, 24, 26
 COLORS = {"lag": "#d9480f", "pending": "#1971c2", "dead letters": "#c92a2a", "acked / min": "#2b8a3e"}
 
@@ -96,10 +97,10 @@ def group_chart(stream, group, hours=6, now=None):
         return ""
     data = series_from(snapshots)
     start = max(start, snapshots[0].taken_at - timedelta(minutes=1))
-    backlog = {k: data[k] for k in ("lag", "pending", "dead letters")}
-    parts = panel("Backlog", backlog, start, end, 0)
+    parts = panel("Backlog", {k: data[k] for k in ("lag", "pending")}, start, end, 0)
     parts += panel("Throughput", {"acked / min": data["acked / min"]}, start, end, PANEL_HEIGHT)
-    height = 2 * PANEL_HEIGHT
+    parts += panel("Dead letters", {"dead letters": data["dead letters"]}, start, end, 2 * PANEL_HEIGHT)
+    height = 3 * PANEL_HEIGHT
     style = ("<style>.title{font:bold 13px sans-serif;fill:#333}.axis{font:11px sans-serif;fill:#666}"
              ".legend{font:12px sans-serif;fill:#333}.grid{stroke:#e9ecef;stroke-width:1}</style>")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="shoal-chart" width="{WIDTH}" height="{height}" '
