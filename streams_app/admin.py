@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
 from streams_app import admin_views, keys, sync
@@ -43,7 +44,7 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
     @admin.display(description="dead letters", ordering="dead_letters")
     def dead_letters_link(self, obj):
-        url = reverse("admin:streams_app_deadletter_changelist") + f"?stream={obj.name}"
+        url = reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": obj.name})
         return format_html('<a href="{}">{}</a>', url, obj.dead_letters)
 
 
@@ -103,7 +104,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             "hour_choices": CHART_HOURS,
             "pending_url": reverse("admin:streams_app_consumergroup_pending", args=[group.pk]),
             "dead_letters_url": reverse("admin:streams_app_deadletter_changelist")
-            + f"?stream={group.stream.name}&group={group.name}",
+            + "?" + urlencode({"stream": group.stream.name, "group": group.name}),
         }
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
 

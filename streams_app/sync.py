@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import redis
 from django.apps import apps
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone as dj_timezone
 
 from streams_app import keys
@@ -243,4 +243,7 @@ def try_sync(conn=None):
         return sync_all(conn=conn)
     except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
         logger.warning("Admin: could not sync the mirror from Redis (%s); showing the last copy", exc)
-        return MirrorState.objects.get(name=STREAMS_MIRROR)
+    except DatabaseError as exc:
+        # Two syncs creating the same row at once (another page, the daemon): the other one wins.
+        logger.warning("Admin: could not store the mirror (%s); showing the last copy", exc)
+    return MirrorState.objects.filter(name=STREAMS_MIRROR).first()

@@ -3,7 +3,6 @@ import json
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.urls import reverse
 
 from streams_app import keys, sync
 from streams_app.models import ConsumerGroup, DeadLetter, GroupSnapshot

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_groups_mirror_lag_pending_consumers_and_the_declared_handler(redis):
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)
     publish_many("jobs", [{"n": n} for n in range(10)])
     pending(redis, "jobs", "a", [{"n": 10}, {"n": 11}])  # group a reads 2 of the 12 entries
     redis.xgroup_create("jobs", "undeclared", id="0")
