@@ -26,6 +26,9 @@ logger = logging.getLogger("streams_app.sync")
 
 STREAMS_MIRROR = "streams"
 DLQ_PAGE = 500
+# A page that opens copies at most this many new dead letters (a first sync of a huge DLQ must not
+# hold up a request); the reclaim daemon copies without a limit.
+PAGE_DLQ_LIMIT = 5000
 # Counting stale pending entries reads them; past this many the admin says "100+".
 STALE_PENDING_CAP = 100
 _ERROR_TYPE = re.compile(r"^([A-Za-z_][\w.]*)\s*:")
@@ -52,7 +55,7 @@ def _id_key(entry_id):
 
 # -- streams and groups -----------------------------------------------------------------------
 
-def sync_streams(conn=None, specs=None, now=None):
+def sync_streams(conn=None, specs=None, now=None, dlq_limit=None):
     """Refresh every Stream and ConsumerGroup row (streams of registered consumers plus those already
     mirrored), and copy new dead letters. Returns the Stream rows."""
     from streams_app.models import ConsumerGroup, Stream
@@ -110,7 +113,7 @@ def sync_streams(conn=None, specs=None, now=None):
                     "synced_at": now,
                 })
             stream.consumer_groups.exclude(name__in=seen).delete()
-        sync_dead_letters(stream, conn=conn, now=now)
+        sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
         rows.append(stream)
     return rows
 
@@ -155,8 +158,8 @@ def dead_letter_row(stream, entry_id, fields, now):
     )
 
 
-def sync_dead_letters(stream, conn=None, now=None):
-    """Copy dead letters past ``stream.dlq_cursor``; drop rows whose entry has left the DLQ."""
+def sync_dead_letters(stream, conn=None, now=None, limit=None):
+    """Copy dead letters past ``stream.dlq_cursor`` (about ``limit`` at most); drop rows whose entry left the DLQ."""
     from streams_app.models import DeadLetter
 
     conn = conn or get_connection()
@@ -175,7 +178,7 @@ def sync_dead_letters(stream, conn=None, now=None):
                                        ignore_conflicts=True)
         copied += len(page)
         cursor = _text(page[-1][0])
-        if len(page) < DLQ_PAGE:
+        if len(page) < DLQ_PAGE or (limit is not None and copied >= limit):
             break
     if cursor != stream.dlq_cursor:
         stream.dlq_cursor = cursor
@@ -209,7 +212,7 @@ def prune_dead_letters(stream, conn=None):
 
 # -- the whole mirror -------------------------------------------------------------------------
 
-def sync_all(conn=None, now=None):
+def sync_all(conn=None, now=None, dlq_limit=None):
     """Sync the streams mirror (and the instances mirror when discovery_app is installed).
 
     Records the outcome in MirrorState; Redis errors are recorded and raised again.
@@ -220,7 +223,7 @@ def sync_all(conn=None, now=None):
     state, _ = MirrorState.objects.get_or_create(name=STREAMS_MIRROR)
     state.attempted_at = now
     try:
-        sync_streams(conn=conn, now=now)
+        sync_streams(conn=conn, now=now, dlq_limit=dlq_limit)
         if apps.is_installed("discovery_app"):
             from discovery_app.sync import sync_instances
 
@@ -240,7 +243,7 @@ def try_sync(conn=None):
     from streams_app.models import MirrorState
 
     try:
-        return sync_all(conn=conn)
+        return sync_all(conn=conn, dlq_limit=PAGE_DLQ_LIMIT)
     except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
         logger.warning("Admin: could not sync the mirror from Redis (%s); showing the last copy", exc)
     except DatabaseError as exc:

@@ -92,3 +92,14 @@ def test_throughput_is_the_rate_of_acknowledged_entries():
     series = series_from(rows)
     assert series["acked / min"] == [(t0 + timedelta(minutes=2), 20.0)]  # (60 read - 20 pending) / 2 min
     assert series["lag"] == [(t0, 100), (t0 + timedelta(minutes=2), 40)]
+
+
+def test_a_page_copies_a_bounded_number_of_new_dead_letters_and_the_daemon_the_rest(redis, monkeypatch):
+    monkeypatch.setattr(sync, "PAGE_DLQ_LIMIT", 500)
+    dead_letter(redis, [{"n": n} for n in range(1200)])
+    sync.try_sync()
+    assert DeadLetter.objects.count() == 500
+    sync.try_sync()
+    assert DeadLetter.objects.count() == 1000
+    sync.sync_all()
+    assert DeadLetter.objects.count() == 1200
