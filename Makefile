@@ -18,6 +18,7 @@ $(STAMP): requirements.txt
 # Debian packages the tests and `make run` need. Installed only when missing.
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
 test: deps system-deps
 	$(VENV)/bin/pytest

@@ -30,6 +30,9 @@ class GroupSnapshot(models.Model):
     pending = models.BigIntegerField()
     consumers = models.IntegerField()
     dead_letters = models.BigIntegerField(help_text="Length of the stream's dead-letter stream.")
+    entries_read = models.BigIntegerField(
+        null=True, help_text="Entries delivered to the group so far (XINFO GROUPS); the chart's throughput is its rate."
+    )
 
     class Meta:
         indexes = [models.Index(fields=["stream", "group", "taken_at"], name="streams_snapshot_series")]
@@ -37,3 +40,100 @@ class GroupSnapshot(models.Model):
 
     def __str__(self):
         return f"{self.stream}/{self.group} at {self.taken_at:%Y-%m-%d %H:%M:%S}"
+
+
+# -- mirrors of Redis state for the admin (streams_app/sync.py keeps them current) -----------------
+# Redis stays the source of truth: these rows are a searchable, filterable copy, refreshed by the
+# reclaim daemon each pass and by the admin when a page opens. Each row says when it was copied.
+
+
+class Stream(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    length = models.BigIntegerField(default=0)
+    groups = models.IntegerField(default=0)
+    dead_letters = models.BigIntegerField(default=0, help_text="Length of the stream's dead-letter stream.")
+    last_id = models.CharField(max_length=64, blank=True)
+    dlq_cursor = models.CharField(
+        max_length=64, default="0-0", help_text="Highest dead-letter id copied into DeadLetter: the next sync reads past it."
+    )
+    exists = models.BooleanField(default=True, help_text="False once the stream key is gone from Redis.")
+    synced_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        default_permissions = ("view",)
+
+    def __str__(self):
+        return self.name
+
+
+class ConsumerGroup(models.Model):
+    stream = models.ForeignKey(Stream, on_delete=models.CASCADE, related_name="consumer_groups")
+    name = models.CharField(max_length=200)
+    lag = models.BigIntegerField(null=True, help_text="Entries not yet delivered to the group; null when Redis cannot tell.")
+    pending = models.BigIntegerField(default=0)
+    stale_pending = models.IntegerField(
+        default=0, help_text="Pending entries idle longer than the pending timeout (counted up to STALE_PENDING_CAP)."
+    )
+    consumers = models.IntegerField(default=0)
+    last_delivered_id = models.CharField(max_length=64, blank=True)
+    entries_read = models.BigIntegerField(null=True)
+    handler = models.CharField(max_length=300, blank=True, help_text="Empty when no @consumer of this project reads the group.")
+    max_deliveries = models.IntegerField(null=True)
+    synced_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["stream__name", "name"]
+        default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(fields=["stream", "name"], name="streams_group_unique")]
+        permissions = [
+            ("claim_pending", "Can claim pending entries to a consumer"),
+            ("ack_pending", "Can acknowledge pending entries without processing them"),
+            ("deadletter_pending", "Can move pending entries to the dead letters"),
+        ]
+
+    def __str__(self):
+        return f"{self.stream.name}:{self.name}"
+
+
+class DeadLetter(models.Model):
+    stream = models.CharField(max_length=200, db_index=True, help_text="The origin stream.")
+    entry_id = models.CharField(max_length=64, help_text="Id in the dead-letter stream {stream}:dlq.")
+    origin_id = models.CharField(max_length=64, blank=True)
+    group = models.CharField(max_length=200, db_index=True)
+    consumer = models.CharField(max_length=300, blank=True)
+    deliveries = models.IntegerField(null=True)
+    error = models.TextField(blank=True)
+    error_type = models.CharField(max_length=200, blank=True, db_index=True)
+    traceback = models.TextField(blank=True)
+    failed_at = models.DateTimeField(null=True, db_index=True)
+    payload = models.TextField(blank=True, help_text="The payload field as stored (JSON text).")
+    fields = models.JSONField(default=dict, help_text="Every original field of the entry.")
+    synced_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-failed_at", "-id"]
+        default_permissions = ("view",)
+        constraints = [models.UniqueConstraint(fields=["stream", "entry_id"], name="streams_deadletter_unique")]
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters to their group"),
+            ("delete_deadletter", "Can delete dead letters"),
+        ]
+
+    def __str__(self):
+        return f"{self.stream} {self.entry_id}"
+
+
+class MirrorState(models.Model):
+    """When a mirror was last synced, and the error if the last attempt failed: pages show both."""
+
+    name = models.CharField(max_length=50, unique=True)
+    synced_at = models.DateTimeField(null=True)
+    attempted_at = models.DateTimeField(null=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        default_permissions = ()
+
+    def __str__(self):
+        return self.name

@@ -105,6 +105,7 @@ class Reclaimer:
         except DatabaseError as exc:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
+        self.sync_mirrors(report)
         self.passes += 1
         return report
 
@@ -178,6 +179,16 @@ class Reclaimer:
             logger.info("Reclaimer: trimmed %d acknowledged entries of %s (below %s)", trimmed, stream, minid)
         return trimmed
 
+    def sync_mirrors(self, report):
+        """Refresh the admin's copies of Redis state (streams_app/sync.py); failures only cost freshness."""
+        from streams_app import sync
+
+        try:
+            sync.sync_all(conn=self.conn)
+        except (*TRANSIENT_ERRORS, redis.ResponseError, DatabaseError) as exc:
+            report.errors.append(f"mirror: {exc}")
+            logger.warning("Reclaimer: could not sync the admin mirror (%s); the admin shows its age", exc)
+
     def snapshot(self, now, report):
         """Set the gauges every pass; store a GroupSnapshot row per group once per SNAPSHOT_INTERVAL.
 
@@ -206,7 +217,8 @@ class Reclaimer:
                 metrics.group_consumers.labels(stream, name).set(info["consumers"])
                 if self.conn.set(f"{keys.hash_tag(stream)}:snapshot:{name}", "1", nx=True, px=max(1, interval_ms - 500)):
                     rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,
-                                              pending=info["pending"], consumers=info["consumers"], dead_letters=dlq_length))
+                                              pending=info["pending"], consumers=info["consumers"], dead_letters=dlq_length,
+                                              entries_read=info.get("entries-read")))
         if rows:
             GroupSnapshot.objects.bulk_create(rows)
             report.snapshots = len(rows)
