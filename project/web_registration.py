@@ -22,8 +22,10 @@ logger = logging.getLogger("discovery_app.web")
 
 
 def _wait_for_eof(done):
+    # os.read, not sys.stdin: a daemon thread blocked in a buffered read holds the buffer's lock,
+    # and the interpreter aborts ("could not acquire lock ... at interpreter shutdown") on exit.
     try:
-        while sys.stdin.buffer.read(4096):
+        while os.read(0, 4096):
             pass
     except OSError:
         pass
