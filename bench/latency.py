@@ -95,8 +95,10 @@ def run_case(server, rate, seconds, workers):
         procs = [multiprocessing.Process(target=plain_loop, args=(server.url, stop))]
         procs[0].start()
     else:
-        procs = [manage("runconsumer", f"{STREAM}:{GROUP}", "-v", "0", redis_url=server.url,
-                        env={"DJANGO_SETTINGS_MODULE": "bench.settings"}) for _ in range(workers)]
+        # One worker: a plain runconsumer process. More: the supervisor with that many workers.
+        pool = [] if workers == 1 else ["--workers", str(workers)]
+        procs = [manage("runconsumer", f"{STREAM}:{GROUP}", *pool, "-v", "0", redis_url=server.url,
+                        env={"DJANGO_SETTINGS_MODULE": "bench.settings"})]
     try:
         warm_up(client, max(workers, 1))
         total = publish_at(client, rate, seconds)
@@ -123,7 +125,8 @@ def main():
         print(f"{'rate':>8}  {'consumer':<24}  latency publish -> handler start")
         for rate in args.rates:
             for workers in [0, *args.workers]:
-                label = "plain XREADGROUP loop" if workers == 0 else f"runconsumer x{workers} process"
+                label = ("plain XREADGROUP loop" if workers == 0 else "runconsumer (1 process)" if workers == 1
+                         else f"runconsumer --workers {workers}")
                 values = run_case(server, rate, args.seconds, workers)
                 print(f"{rate:>8}  {label:<24}  {summary(values)}   (n={len(values)})", flush=True)
     finally:
