@@ -4,11 +4,10 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from project.cli import log_level
+
 from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registrar import Registrar
-
-_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
 
 def port_number(text):
     value = int(text)
@@ -52,7 +51,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, service, address, port, zone, weight, instance_version, tags, instance_id,
                interval, ttl, verbosity, **options):
-        logging.getLogger("discovery_app").setLevel(_LEVELS.get(verbosity, logging.INFO))
+        logging.getLogger("discovery_app").setLevel(log_level(verbosity))
         if interval is not None and interval <= 0 or ttl is not None and ttl <= 0:
             raise CommandError("--interval and --ttl must be positive numbers of seconds.")
         metadata = {"zone": zone, "weight": weight, "version": instance_version, "tags": tags}

@@ -4,30 +4,13 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from project.cli import log_level, positive_int, positive_float
+
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
 from streams_app.registry import select
 from streams_app.worker import EXIT_CONFIG, Worker
 
-_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
-
-def positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-def positive_float(text):
-    value = float(text)
-    if not value > 0:
-        raise ValueError(text)
-    return value
-
-
-positive_int.__name__ = "positive integer"
-positive_float.__name__ = "positive number"
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
 
@@ -71,7 +54,7 @@ class Command(BaseCommand):
                           help="Address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus scrape it).")
 
     def handle(self, *args, selectors, verbosity, **options):
-        level = _LEVELS.get(verbosity, logging.INFO)
+        level = log_level(verbosity)
         logging.getLogger("streams_app").setLevel(level)
         if options["shutdown_timeout"] is not None and options["shutdown_timeout"] < 0:
             raise CommandError("--shutdown-timeout must be 0 or more seconds.")

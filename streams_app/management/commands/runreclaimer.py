@@ -3,20 +3,11 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from project.cli import log_level, positive_float, positive_int
+
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import registered
 
-_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
-
-def positive_float(text):
-    value = float(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-positive_float.__name__ = "positive number"
 
 
 class Command(BaseCommand):
@@ -27,11 +18,11 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=positive_float,
                             help="Seconds between passes (default STREAMS['RECLAIM_INTERVAL']).")
         parser.add_argument("--once", action="store_true", help="Make one pass and exit.")
-        parser.add_argument("--metrics-port", type=int,
+        parser.add_argument("--metrics-port", type=positive_int,
                             help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
 
     def handle(self, *args, interval, once, metrics_port, verbosity, **options):
-        logging.getLogger("streams_app").setLevel(_LEVELS.get(verbosity, logging.INFO))
+        logging.getLogger("streams_app").setLevel(log_level(verbosity))
         specs = registered()
         if not specs:
             raise CommandError("no consumers are registered, so there is nothing to reclaim. Declare one with "
