@@ -21,11 +21,16 @@ class Outcome:
     error: BaseException | None = None
 
 
-def run_chunk(handler, messages, guard=None):
-    """Run ``handler`` on each message; return (ids to ack, failed Outcomes, seconds per message).
+def run_chunk(handler, messages, guard=None, budget=None):
+    """Run ``handler`` on each message; return (ids to ack, failed Outcomes, seconds per message, not started).
 
     A handler exception is an outcome, never an escape: one bad message must not take the rest of
     the chunk, or the worker, with it. ``guard`` (streams_app.idempotency) skips duplicates.
+
+    ``budget`` (seconds): once a chunk has run that long it starts no further message and hands
+    the rest back. Chunks are sized from past handler speed; when handlers slow down, a big chunk
+    would otherwise hold finished entries unacked until another consumer's takeover (after the
+    pending timeout) handled them a second time.
     """
     close_old_connections()
     recorder = metrics.chunk_started(messages)
@@ -54,7 +59,11 @@ def run_chunk(handler, messages, guard=None):
         failed.extend(Outcome(m, FAILED, exc) for m, exc in busy)
     succeeded = []
     errored = []
-    for message in runnable:
+    left = []
+    for index, message in enumerate(runnable):
+        if budget is not None and index and time.perf_counter() - started > budget:
+            left = runnable[index:]
+            break
         try:
             if guard is None:
                 handler(message)
@@ -73,8 +82,17 @@ def run_chunk(handler, messages, guard=None):
             acked.append(message.id)
             succeeded.append(message)
     if guard is not None:
-        guard.end(succeeded, errored)
+        try:
+            guard.end(succeeded, errored)
+        except Exception as exc:
+            # The handlers ran: ack them all the same. Without the done mark a later duplicate
+            # delivery may run again, which the "redis" guard never promised to prevent.
+            logger.warning("Consumer %s: could not record %d handled entries of %s/%s in the idempotency guard: %s",
+                           messages[0].consumer, len(succeeded), messages[0].stream, messages[0].group, exc)
     elapsed = time.perf_counter() - started
-    recorder.finished(len(messages), len(acked), failed, elapsed)
+    done = len(messages) - len(left)
+    recorder.finished(done, len(acked), failed, elapsed)
+    if left:
+        recorder.in_flight.dec(len(left))
     close_old_connections()
-    return acked, failed, elapsed / max(len(messages), 1)
+    return acked, failed, elapsed / max(done, 1), left

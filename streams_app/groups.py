@@ -30,4 +30,5 @@ def ensure_group(conn, stream, group, start="0"):
 
 def is_nogroup(exc):
     """The group (or the stream) vanished, e.g. a Redis without persistence restarted."""
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("NOGROUP")
+    # "in", not startswith: redis-py prefixes errors raised from a pipeline ("Command # 1 (...) of pipeline caused error: NOGROUP ...").
+    return isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc)

@@ -52,14 +52,25 @@ class RedisGuard:
         for message in messages:
             pipe.set(self._key(message), f"{RUNNING}:{message.consumer}:{message.id}", nx=True, get=True, px=self.running_ms)
         to_run, duplicates, busy = [], [], []
+        mine = []
         for message, previous in zip(messages, pipe.execute()):
             previous = previous.decode() if isinstance(previous, bytes) else previous
             if previous is None:
                 to_run.append(message)
             elif previous == DONE:
                 duplicates.append(message)
+            elif previous.rsplit(":", 1)[-1] == message.id:
+                # A mark for this very entry, left by an earlier delivery (a retry, a chunk handed
+                # back, a dead consumer): this consumer holds the entry in the PEL now, so it runs.
+                to_run.append(message)
+                mine.append(message)
             else:
                 busy.append((message, DuplicateInFlight(f"key {message_key(message)!r} is being handled by {previous.split(':', 1)[-1]}")))
+        if mine:
+            pipe = self.conn.pipeline(transaction=False)
+            for message in mine:
+                pipe.set(self._key(message), f"{RUNNING}:{message.consumer}:{message.id}", px=self.running_ms)
+            pipe.execute()
         return to_run, duplicates, busy
 
     def call(self, handler, message):

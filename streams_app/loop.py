@@ -65,6 +65,9 @@ class GroupLoop:
         self.retry_base, self.retry_cap = backoff_policy(spec, config)
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
+        # A chunk stops starting messages after this long (see run_chunk): well inside the pending
+        # timeout, so finished entries are acked long before anyone could take them over.
+        self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
         self.slots = 2 * threads
         self.max_chunk = max(1, -(-self.batch // threads))
         self.chunk_size = 1
@@ -224,11 +227,13 @@ class GroupLoop:
     def dispatch(self, entries):
         if not entries:
             return
-        messages = [Message(i, self.stream, self.group, f, d, self.consumer) for i, f, d in entries]
+        self._submit([Message(i, self.stream, self.group, f, d, self.consumer) for i, f, d in entries])
+
+    def _submit(self, messages):
         size = self.chunk_size
         for start in range(0, len(messages), size):
             chunk = messages[start : start + size]
-            future = self.executor.submit(run_chunk, self.spec.handler, chunk, self.guard)
+            future = self.executor.submit(run_chunk, self.spec.handler, chunk, self.guard, self.chunk_budget)
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
 
@@ -248,7 +253,7 @@ class GroupLoop:
     def _finish(self, future):
         chunk = self.chunks.pop(future)
         try:
-            acked, failed, seconds = future.result()
+            acked, failed, seconds, left = future.result()
         except BaseException:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
             for message in chunk:
@@ -258,6 +263,8 @@ class GroupLoop:
         self.to_ack.extend(acked)
         for outcome in failed:
             self.on_failure(outcome)
+        if left:
+            self._submit(left)  # still ours in the PEL; the smaller chunk size now applies
 
     def on_failure(self, outcome):
         """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""

@@ -158,6 +158,13 @@ class Reclaimer:
         groups = self.conn.xinfo_groups(stream)
         if not groups:
             return None  # nobody reads this stream yet: every entry is unread
+        existing = {_str(group["name"]) for group in groups}
+        missing = sorted(spec.group for spec in registered() if spec.stream == stream and spec.group not in existing)
+        if missing:
+            # Declared in code but not created yet (a consumer deployed, not started): it will read
+            # from its start position, so nothing may be trimmed until it exists.
+            logger.info("Reclaimer: not trimming %s: group(s) %s are declared but not created yet", stream, ", ".join(missing))
+            return None
         bounds = []
         for group in groups:
             bound = next_id(group["last-delivered-id"])

@@ -64,10 +64,16 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
         _replay_batch(conn, stream, group, chosen, override, dry_run, result)
         return result
     total = conn.xlen(keys.dead_letter_key(stream))
+    # Only what is dead now: a replayed entry that fails again is dead-lettered anew above this
+    # bound, and must not be replayed again by the same call (nor keep it running forever).
+    newest = conn.xrevrange(keys.dead_letter_key(stream), count=1)
+    if not newest:
+        return result
+    last = _text(newest[0][0])
     scanned = 0
     cursor = "-"
     while True:
-        page = conn.xrange(keys.dead_letter_key(stream), min=cursor, max="+", count=REPLAY_BATCH)
+        page = conn.xrange(keys.dead_letter_key(stream), min=cursor, max=last, count=REPLAY_BATCH)
         if not page:
             break
         scanned += len(page)

@@ -239,3 +239,38 @@ def test_successful_handlers_pay_no_failure_round_trips(redis, make_loop):
     stats = redis.info("commandstats")
     used = {name.removeprefix("cmdstat_") for name in stats}
     assert used & {"evalsha", "eval", "hset", "expire", "xclaim", "set", "xpending"} == set(), used
+
+
+def test_redis_guard_lets_the_same_entry_run_again_when_its_own_mark_is_left(redis, make_loop):
+    # A chunk that failed outside its handlers (a Redis blip in the guard), a chunk handed back, or a
+    # consumer that died mid-handler leave a "running" mark naming this very entry. Its next delivery
+    # must run, not fail as "being handled" until it is dead-lettered.
+    entry = publish("idem", {"n": 1}, key="order-9")
+    redis.set("{idem}:idem:r:order-9", f"running:dead-consumer:{entry}", px=60_000)
+    loop = make_loop("idem:r", threads=1)
+    run_until(loop, lambda: redis.llen("handled:idem:r") == 1 and settled(loop))
+    assert redis.lrange("handled:idem:r", 0, -1) == [entry]
+    assert redis.get("{idem}:idem:r:order-9") == "done"
+    assert not redis.exists("{idem}:dlq")
+
+
+def test_redis_guard_still_refuses_a_different_entry_with_a_key_in_flight(redis, make_loop):
+    entry = publish("idem", {"n": 1}, key="order-10")
+    redis.set("{idem}:idem:r:order-10", "running:other-consumer:1-1", px=60_000)
+    loop = make_loop("idem:r", threads=1)
+    run_until(loop, lambda: loop.errors or loop.retries)
+    assert redis.llen("started:idem:r") == 0, "a duplicate of a key in flight elsewhere ran"
+    assert any(entry == entry_id for _, entry_id, _ in loop.retries)
+
+
+def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
+    for n in range(250):  # two pages of REPLAY_BATCH
+        redis.xadd("{jobs}:dlq", {"payload": json.dumps({"n": n}), "group": "a", "origin_stream": "jobs"})
+
+    def fail_again(scanned, total):
+        # A replayed entry that fails again is dead-lettered anew while the scan is under way.
+        redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_stream": "jobs"})
+
+    result = replay("jobs", "a", all=True, progress=fail_again)
+    assert len(result.replayed) == 250
+    assert redis.xlen("{jobs}:dlq") == 2  # the new ones wait for the next replay

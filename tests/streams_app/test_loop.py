@@ -113,3 +113,29 @@ def test_group_is_recreated_when_redis_loses_it(redis, make_loop):
     redis.flushall()
     publish("jobs", {"n": 1})
     wait_for(lambda: (loop.step() or redis.llen("handled:jobs:a") == 1), timeout=10, what="handled after FLUSHALL")
+
+
+def test_a_lost_group_with_a_retry_scheduled_is_recreated_not_a_crash(redis, make_loop):
+    # The retry's XCLAIM goes through a pipeline, whose errors redis-py words differently.
+    publish("jobs", {"fail": "once"})
+    loop = make_loop(RETRY_BACKOFF=0.05)
+    run_until(loop, lambda: loop.retries)
+    redis.flushall()
+    entry = publish("jobs", {"n": 1})
+    wait_for(lambda: (loop.step() or redis.lrange("handled:jobs:a", 0, -1) == [entry]), timeout=10,
+             what="handled after the group was recreated")
+
+
+def test_a_slow_chunk_hands_back_what_it_has_not_started(redis, make_loop):
+    from tests.streams_app.loops import settled
+
+    ids = publish_many("jobs", [{"n": n, "sleep": 0.02} for n in range(30)])
+    loop = make_loop(threads=1, PENDING_TIMEOUT_MS=1000)  # chunk budget 0.1 s
+    loop.chunk_size = 30  # as if the handler had been fast until now
+    handed_back = []
+    submit = loop._submit
+    loop._submit = lambda messages: (handed_back.append(len(messages)), submit(messages))
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 30 and settled(loop))
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids)  # each exactly once
+    assert handed_back and handed_back[1] < 30, handed_back  # the first chunk stopped early
+    assert redis.xpending("jobs", "a")["pending"] == 0

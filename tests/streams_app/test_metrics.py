@@ -38,7 +38,7 @@ def test_run_chunk_counts_handled_failed_and_poison_and_times_every_entry():
     }
     chunk = [message(1, {}), message(2, {"fail": 1}), message(3, "{not json"), message(4, {})]
 
-    acked, failed, _ = run_chunk(failing_on_request, chunk)
+    acked, failed, _, _ = run_chunk(failing_on_request, chunk)
 
     assert acked == ["1-1", "1-4"] and len(failed) == 2
     assert value("shoal_messages_handled_total", **labels) - before["handled"] == 2

@@ -161,3 +161,14 @@ def test_a_stop_request_finishes_the_current_pass_and_returns(redis):
     daemon.run()
     assert daemon.passes == 1 and redis.xlen("{jobs}:dlq") == 3  # the pass ran to its end
     assert time.monotonic() - started < 60  # and did not wait out the hour-long interval
+
+
+def test_no_trimming_while_a_declared_group_does_not_exist_yet(redis):
+    # ledger:slow is declared in code (start="0") but its consumers never ran: it will read the
+    # whole stream when they do, so everything fast has acked must stay.
+    ids = publish_many("ledger", [{"n": n} for n in range(10)])
+    redis.xgroup_create("ledger", "fast", id="0")
+    [[_, got]] = redis.xreadgroup("fast", "f", {"ledger": ">"})
+    redis.xack("ledger", "fast", *[i for i, _ in got])
+    assert reclaimer(["ledger:fast"]).tick().trimmed == {}
+    assert [i for i, _ in redis.xrange("ledger")] == ids
