@@ -89,10 +89,15 @@ class Registrar:
                     logger.info("Discovery: the registry is reachable again; %s is registered", self.instance_id)
                 backoff = 0.0
                 wait = self.interval
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:
+                # Transient (connection lost) or not (OOM, READONLY during a failover, a bug): a
+                # heartbeat thread that dies leaves a live instance unlisted for good, so it backs
+                # off and tries again, re-registering in full when it gets through.
                 backoff = min(self.backoff_max, self.interval, max(0.2, backoff * 2))
-                logger.warning("Discovery: cannot reach the registry for %s (%s); retrying in %.1f s",
-                               self.instance_id, exc, backoff)
+                registered = registered and isinstance(exc, TRANSIENT_ERRORS)
+                logger.warning("Discovery: cannot reach the registry for %s (%s: %s); retrying in %.1f s",
+                               self.instance_id, type(exc).__name__, exc, backoff,
+                               exc_info=not isinstance(exc, TRANSIENT_ERRORS))
                 wait = backoff
             finally:
                 self._first_attempt.set()

@@ -16,7 +16,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
 from streams_app import admin_views, keys, sync
-from streams_app.admin_support import MirrorAdmin, confirmation, log_actions
+from streams_app.admin_support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
 from streams_app.charts import group_chart
 from streams_app.connection import get_connection
 from streams_app.exceptions import ReplayError
@@ -85,6 +85,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
+    @redis_unreachable_is_a_message
     def pending_view(self, request, object_id):
         return admin_views.pending_entries(self, request, object_id)
 
@@ -196,6 +197,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
+    @redis_unreachable_is_a_message
     def replay_edited_view(self, request, object_id):
         return admin_views.replay_edited(self, request, object_id)
 

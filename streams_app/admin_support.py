@@ -1,5 +1,6 @@
 """Pieces every Shoal admin page shares: read-only mirror admins, per-action permissions that
 answer 403, confirmation pages in the ``delete_selected`` mould, and audit entries."""
+import functools
 import re
 
 from django.contrib import messages
@@ -10,8 +11,31 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
+from streams_app.connection import TRANSIENT_ERRORS
+
 ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 CONFIRM_TEMPLATE = "admin/shoal/confirm_action.html"
+
+
+def redis_unreachable_is_a_message(view):
+    """An admin view that needs Redis answers an outage with a message and a redirect, never a 500.
+
+    POST (an action): back to the same page, which shows the mirror's last copy. GET of a page
+    under an object (``<id>/pending/``, ``<id>/replay/``): to that object's page.
+    """
+
+    @functools.wraps(view)
+    def wrapper(self, request, *args, **kwargs):
+        try:
+            return view(self, request, *args, **kwargs)
+        except TRANSIENT_ERRORS as exc:
+            messages.error(request, f"Redis is unreachable ({type(exc).__name__}: {exc}). Nothing was changed; "
+                                    "try again when it is back.")
+            if request.method == "POST":
+                return HttpResponseRedirect(request.get_full_path())
+            return HttpResponseRedirect(request.path.rstrip("/").rsplit("/", 1)[0] + "/change/")
+
+    return wrapper
 
 
 def check_entry_ids(ids):
@@ -91,6 +115,7 @@ class MirrorAdmin:
     def sync(self, request):
         raise NotImplementedError
 
+    @redis_unreachable_is_a_message
     def changelist_view(self, request, extra_context=None):
         if request.method == "POST" and "action" in request.POST:
             response = self._guard_action(request)

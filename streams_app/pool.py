@@ -1,4 +1,6 @@
 """Assembling a supervisor from settings and runconsumer's options (the command stays an adapter)."""
+import atexit
+import shutil
 import tempfile
 
 from streams_app import multiproc
@@ -32,6 +34,7 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         # Workers read PROMETHEUS_MULTIPROC_DIR when they import prometheus_client: a directory of
         # this master's own, whatever the environment says (it may be the web tier's).
         path = tempfile.mkdtemp(prefix="shoal-consumer-metrics-")
+        atexit.register(shutil.rmtree, path, True)
         metrics.collect_workers(path)
         spawner_env[multiproc.ENV] = path
         metrics.serve(options["metrics_port"], options.get("metrics_addr") or "127.0.0.1")

@@ -83,6 +83,8 @@ class Worker:
             self.check_loops()
             if self.shutdown.is_set():
                 self.unblock_readers()
+        if any(getattr(loop, "crashed", None) is not None for loop in self.loops):
+            self.exit_code = EXIT_CRASH  # also when the last loop died between two checks above
         self.stuck = sum(loop.busy_chunks for loop in self.loops)
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
         broadcast.stop_listener()

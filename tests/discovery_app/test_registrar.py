@@ -141,3 +141,18 @@ def test_interpreter_exit_deregisters(redis_server, redis):
     assert "up orders-" in proc.output()
     assert ServiceRegistry().instances("orders") == []
     assert redis.zcard("discovery:{orders}:tombstones") == 1  # it was there, and was deregistered
+
+
+def test_a_redis_error_that_is_not_a_disconnect_does_not_kill_the_heartbeats(redis, registrars):
+    # OOM (or READONLY in a failover) is a ResponseError, not a ConnectionError.
+    registrar = registrars("orders", "h", 1, interval=0.1, ttl=1).start()
+    assert ids("orders") == [registrar.instance_id]
+    redis.config_set("maxmemory", 1)
+    try:
+        redis.flushall()  # the record is gone and writes fail with OOM
+        time.sleep(0.5)  # several heartbeats fail now: the outage under test
+    finally:
+        redis.config_set("maxmemory", 0)
+    assert registrar._thread.is_alive(), "the heartbeat thread died on the OOM error"
+    redis.delete(*redis.keys("*"))  # the instance must come back by itself: only a live thread can do that
+    wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=15, what="registered again after the OOM")

@@ -306,3 +306,25 @@ def test_the_index_summarises_lag_stale_pending_and_dead_letters(staff_client, r
     summary = html[html.index('id="shoal-summary"'):]
     assert "jobs:a</a> (" in summary.split("Pending older")[0]  # lag 150 > 100
     assert "/pending/" in summary and "failing</a> (1)" in summary
+
+
+def test_with_redis_down_pages_and_actions_say_so_instead_of_a_500(staff_client, redis_factory, use_redis):
+    server = redis_factory()
+    use_redis(server)
+    client_redis = server.client()
+    [entry] = dead_letter(client_redis, [{"n": 1}])
+    [pk] = rows(entry)
+    pending(client_redis, "jobs", "a", [{"n": 2}])
+    sync.sync_all()
+    group = ConsumerGroup.objects.get(stream__name="jobs", name="a").pk
+    client = staff_client("streams_app.replay_deadletter", "streams_app.ack_pending")
+    server.stop()
+
+    page = client.get(f"/admin/streams_app/consumergroup/{group}/pending/")
+    assert page.status_code == 302 and page.url == f"/admin/streams_app/consumergroup/{group}/change/"
+    response = client.post(CHANGELIST, action("replay_selected", [pk], post="yes"), follow=True)
+    assert response.status_code == 200
+    assert "Redis is unreachable" in response.content.decode()
+    edited = client.post(f"{CHANGELIST}{pk}/replay/", {"payload": '{"n": 3}', "post": "yes"})
+    assert edited.status_code == 302
+    assert client.get(f"/admin/streams_app/consumergroup/{group}/change/").status_code == 200
