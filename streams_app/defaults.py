@@ -22,6 +22,11 @@ CLAIM_INTERVAL_MS = 10_000
 SHUTDOWN_TIMEOUT = 30.0
 """Seconds in-flight handlers get to finish after SIGTERM/SIGINT before the worker exits anyway."""
 
+CONSUMER_TTL = 15.0
+"""Seconds a consumer process's liveness deadline lasts; it is renewed every third of it. When it
+lapses the process is known dead and its pending entries are taken over at once, without waiting
+for PENDING_TIMEOUT_MS (streams_app/liveness.py)."""
+
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest JSON payload ``publish`` accepts, in bytes of UTF-8. Redis holds streams in memory."""
 
@@ -94,6 +99,7 @@ DEFAULTS = {
     "CLAIM_INTERVAL_MS": CLAIM_INTERVAL_MS,
     "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
     "MAX_PAYLOAD_BYTES": MAX_PAYLOAD_BYTES,
+    "CONSUMER_TTL": CONSUMER_TTL,
     "RECONNECT_BACKOFF_MAX": RECONNECT_BACKOFF_MAX,
     "RETRY_BACKOFF": RETRY_BACKOFF,
     "RETRY_BACKOFF_MAX": RETRY_BACKOFF_MAX,

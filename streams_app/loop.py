@@ -21,7 +21,7 @@ import time
 
 import redis
 
-from streams_app import deadletters, metrics
+from streams_app import deadletters, liveness, metrics
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.execution import POISON, run_chunk
 from streams_app.groups import ensure_group, is_nogroup
@@ -39,6 +39,8 @@ BUSY_BLOCK_MS = 50
 CHUNK_TARGET_SECONDS = 0.005
 # Pending entries looked at per XPENDING page while searching for abandoned ones.
 PENDING_PAGE = 200
+# Dead consumers whose entries one claim pass looks at (the rest wait for the next pass).
+DEAD_CONSUMERS_PER_PASS = 10
 
 
 def _str(value):
@@ -160,8 +162,44 @@ class GroupLoop:
     def take_over(self, capacity, now):
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
         entries = self._due_retries(capacity, now)
+        if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
+            entries += self._claim_from_dead(capacity - len(entries))
         if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
             entries += self._claim_abandoned(capacity - len(entries), now)
+        return entries
+
+    def _claim_from_dead(self, room):
+        """Entries of consumers whose liveness deadline lapsed: known dead, so no pending timeout to wait.
+
+        Only the retry back-off applies (an entry that killed its worker is not retried in a hot
+        loop); XCLAIM's min-idle check makes a race with another live consumer safe.
+        """
+        dead = sorted(liveness.dead_consumers(self.conn, self.stream) - {self.consumer})
+        entries = []
+        for name in dead[:DEAD_CONSUMERS_PER_PASS]:
+            rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=room - len(entries),
+                                            consumername=name)
+            if not rows:
+                # Nothing left of it in this group. Its name stays in the hash while other groups
+                # of the stream may still hold its entries; the reclaim daemon removes idle names.
+                continue
+            wanted = {}
+            for row in rows:
+                entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]
+                if deliveries >= self.max_deliveries:
+                    self.to_dead_letter.append((entry_id, "", ""))
+                elif row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
+                    wanted[entry_id] = deliveries
+            if wanted:
+                min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
+                claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
+                got = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+                if got:
+                    logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
+                                self.consumer, len(got), name, self.stream, self.group)
+                entries += got
+            if len(entries) >= room:
+                break
         return entries
 
     def _due_retries(self, capacity, now):

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import redis
 from django.db import DatabaseError
 
-from streams_app import deadletters, keys, metrics, scripts
+from streams_app import deadletters, keys, liveness, metrics, scripts
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.groups import is_nogroup
@@ -142,6 +142,7 @@ class Reclaimer:
         min_idle = int(self.config["DEAD_CONSUMER_IDLE"] * 1000)
         removed = [_str(n) for n in scripts.run(self.conn, "remove_idle_consumers", [spec.stream], [spec.group, min_idle])]
         if removed:
+            liveness.forget(self.conn, [spec.stream], None, names=removed)
             report.consumers_removed[spec.name] = removed
             logger.info("Reclaimer: removed %d idle consumers with nothing pending from %s: %s",
                         len(removed), spec.name, ", ".join(removed))

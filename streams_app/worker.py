@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from streams_app import broadcast
+from streams_app import broadcast, liveness
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
 from streams_app.groups import ensure_group
@@ -59,6 +59,7 @@ class Worker:
         self.threads_ = []
         self.exit_code = EXIT_OK
         self.stuck = 0  # handler chunks still running after the shutdown timeout
+        self.liveness_due = 0.0
         self.heartbeat = heartbeat
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -74,6 +75,7 @@ class Worker:
         while self.alive():
             if self.heartbeat is not None:
                 self.heartbeat(self)
+            self.renew_liveness()
             try:
                 signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else 1.0)
             except queue.Empty:
@@ -87,6 +89,7 @@ class Worker:
             self.exit_code = EXIT_CRASH  # also when the last loop died between two checks above
         self.stuck = sum(loop.busy_chunks for loop in self.loops)
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
+        self.forget_liveness()
         broadcast.stop_listener()
         logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(l.handled for l in self.loops))
         return self.exit_code
@@ -111,6 +114,30 @@ class Worker:
             self.loops.append(loop)
             self.threads_.append(thread)
             thread.start()
+
+    def renew_liveness(self, now=None):
+        """Renew this consumer's deadline on every stream it reads (every third of CONSUMER_TTL)."""
+        now = self.clock() if now is None else now
+        ttl = self.config["CONSUMER_TTL"]
+        if now < self.liveness_due:
+            return
+        try:
+            liveness.beat(get_connection(), self.streams, self.name, ttl * 1000)
+            self.liveness_due = now + ttl / 3
+        except TRANSIENT_ERRORS:
+            self.liveness_due = now + 1.0  # the read loops report the outage; try again soon
+
+    def forget_liveness(self):
+        # A clean exit is not a death: drop the deadline so nobody takes over what stays pending
+        # before the pending timeout (its entries are unacked because handlers ran out of time).
+        try:
+            liveness.forget(get_connection(), self.streams, self.name)
+        except TRANSIENT_ERRORS:
+            pass  # it lapses by itself
+
+    @property
+    def streams(self):
+        return sorted({spec.stream for spec in self.specs})
 
     @property
     def reader_client_name(self):

@@ -118,7 +118,8 @@ def test_sigterm_cuts_a_blocked_read_short_so_nothing_is_read_after_it(redis, ru
     # would return the entry published after SIGTERM and the consumer would take it.
     proc = run_consumer("jobs:a", "--block-ms", "20000", streams={"CLAIM_INTERVAL_MS": 60_000})
     proc.wait_for_output("started")
-    wait_for(lambda: any(c.get("cmd") == "xreadgroup" for c in redis.client_list()), what="a blocked read")
+    wait_for(lambda: any(c.get("cmd") == "xreadgroup" and c.get("name", "").startswith("shoal-reader:")
+                         for c in redis.client_list()), what="the consumer's blocked read")
     proc.signal(signal.SIGTERM)
     proc.wait_for_output("SIGTERM received")
     late = publish_raw(redis, "jobs", [{"n": 1}])
@@ -147,3 +148,26 @@ def test_a_single_consumer_serves_its_metrics(redis, run_consumer):
     wait_for(lambda: 'shoal_group_pending{group="a",stream="jobs"} 1.0' in scrape(), what="pending gauge at 1")
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+def test_entries_of_a_consumer_known_dead_are_taken_over_before_the_pending_timeout(redis, run_consumer):
+    # The pending timeout is far beyond this test; only the lapsed liveness deadline of the killed
+    # consumer (CONSUMER_TTL 1.5 s) lets the second one take its entries.
+    streams = {"PENDING_TIMEOUT_MS": 600_000, "CLAIM_INTERVAL_MS": 200, "CONSUMER_TTL": 1.5, "RETRY_BACKOFF": 0.1}
+    ids = publish_raw(redis, "jobs", [{"n": n, "sleep": 0.05} for n in range(100)])
+    first = run_consumer("jobs:a", "--threads", "2", streams=streams)
+    wait_for(lambda: redis.llen("handled:jobs:a") >= 10, timeout=30, what="first consumer under way")
+    first.kill()
+    assert redis.xpending("jobs", "a")["pending"] > 0
+    run_consumer("jobs:a", streams=streams).wait_for_output("started")
+    wait_for(lambda: set(handled(redis, "jobs", "a")) == set(ids) and redis.xpending("jobs", "a")["pending"] == 0,
+             timeout=60, what="the dead consumer's entries handled long before the pending timeout")
+
+
+def test_a_clean_exit_is_not_taken_for_a_death(redis, run_consumer):
+    proc = run_consumer("jobs:a", streams={"CONSUMER_TTL": 1.5})
+    proc.wait_for_output("started")
+    wait_for(lambda: redis.hlen("{jobs}:consumers") == 1, what="the liveness deadline written")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert redis.hlen("{jobs}:consumers") == 0

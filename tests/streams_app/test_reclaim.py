@@ -81,11 +81,13 @@ def test_idle_consumers_without_pending_entries_are_removed_and_holders_kept(red
     redis.xreadgroup("a", "holder", {"jobs": ">"}, count=1)
     redis.xreadgroup("a", "finished", {"jobs": ">"}, count=1)
     redis.xack("jobs", "a", ids[1])
+    redis.hset("{jobs}:consumers", mapping={"finished": 1, "holder": 1})  # both long dead
     daemon = reclaimer(["jobs:a"], DEAD_CONSUMER_IDLE=3600)
     assert daemon.tick().consumers_removed == {}  # nobody idle for an hour
     daemon.config["DEAD_CONSUMER_IDLE"] = 0.05
     removed = wait_for(lambda: daemon.tick().consumers_removed, timeout=5, what="the idle consumer removed")
     assert removed == {"jobs:a": ["finished"]}
+    assert redis.hkeys("{jobs}:consumers") == ["holder"]  # its liveness record went with it
     time.sleep(0.1)
     daemon.tick()
     assert [c["name"] for c in redis.xinfo_consumers("jobs", "a")] == ["holder"]  # it holds an entry: kept
