@@ -1,5 +1,6 @@
 """Recovery after a worker dies: SIGKILL a runconsumer holding K messages mid-handler and time how
-long a standby worker takes to handle all K, with default settings and with a short pending timeout.
+long a standby worker takes to handle all K, with default settings, with a short pending timeout, and with a short
+consumer liveness TTL (the dead worker known dead before the pending timeout).
 
     .venv/bin/python bench/recovery.py [--messages 50] [--short-timeout-ms 2000]
 
@@ -80,6 +81,10 @@ def main():
                  "BLOCK_MS": min(defaults["BLOCK_MS"], args.short_timeout_ms // 2)}
         run(server, client, args.messages, short,
             f"short (pending {short['PENDING_TIMEOUT_MS']} ms, claim every {short['CLAIM_INTERVAL_MS']} ms)")
+        # Default pending timeout; the dead worker is found by its lapsed liveness deadline instead.
+        alive = {"CONSUMER_TTL": 1.5, "CLAIM_INTERVAL_MS": 500}
+        run(server, client, args.messages, alive,
+            f"liveness (consumer ttl 1.5 s, claim every 500 ms)")
     finally:
         server.stop()
 
