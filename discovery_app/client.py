@@ -99,6 +99,8 @@ class DiscoveryClient:
         self._listener = None
         self._pid = os.getpid()
         self._http = threading.local()
+        self._invalidations = defaultdict(int)  # per service: bumped by invalidate(), see _entry
+        self._all_invalidations = 0
         _clients.add(self)
 
     # -- public API ------------------------------------------------------------------------
@@ -135,10 +137,17 @@ class DiscoveryClient:
         """Make the next resolve() of ``service`` (None: every service) ask the registry again.
         The old instances are kept for stale-if-error."""
         with self._lock:
+            if service is None:
+                self._all_invalidations += 1
+            else:
+                self._invalidations[service] += 1
             for name in [service] if service is not None else list(self._cache):
                 entry = self._cache.get(name)
                 if entry is not None:
                     entry.fetched_at = float("-inf")
+
+    def _generation(self, service):
+        return self._all_invalidations, self._invalidations[service]
 
     @contextmanager
     def track(self, instance):
@@ -269,6 +278,7 @@ class DiscoveryClient:
             return entry, False, True
         if now < self._registry_down_until:
             return self._stale(service, entry)
+        generation = self._generation(service)
         try:
             server_time, found = self.registry.fetch(service)
         except TRANSIENT_ERRORS as exc:
@@ -281,6 +291,10 @@ class DiscoveryClient:
         self._registry_down_until = float("-inf")
         entry = _Entry(found, self.clock(), server_time - time.time())
         with self._lock:
+            if self._generation(service) != generation:
+                # A change event arrived while this fetch was under way: what it read may predate
+                # the change, so use it now but fetch again next time.
+                entry.fetched_at = float("-inf")
             self._cache[service] = entry
         known = {key_of(i) for e in list(self._cache.values()) for i in e.instances}
         self.breakers.forget(known | {f"fallback:{url}" for urls in self.fallbacks.values() for url in urls})

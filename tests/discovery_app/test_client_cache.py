@@ -108,3 +108,25 @@ def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed
     assert client.wait_listening(timeout=15)
     wait_for(lambda: ids(client.instances("orders")) == [new.instance_id], timeout=10,
              what="the client to drop the entry it could not have been told about")
+
+
+def test_an_invalidation_during_a_fetch_is_not_lost(redis):
+    from discovery_app.client import DiscoveryClient
+    from discovery_app.registry import ServiceRegistry
+
+    registry = ServiceRegistry()
+    registry.register("orders", "127.0.0.1", 9001, instance_id="one")
+    client = DiscoveryClient("round-robin", listen=False, cache_ttl=3600)
+    fetch = client.registry.fetch
+
+    def fetch_then_change(service):
+        # The fetch has read the registry; a change and its event land before it is cached.
+        result = fetch(service)
+        registry.register("orders", "127.0.0.1", 9002, instance_id="two")
+        client.invalidate("orders")
+        return result
+
+    client.registry.fetch = fetch_then_change
+    assert {i.instance_id for i in client.instances("orders")} == {"one"}
+    client.registry.fetch = fetch
+    assert {i.instance_id for i in client.instances("orders")} == {"one", "two"}
