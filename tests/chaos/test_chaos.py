@@ -141,6 +141,9 @@ class Cluster:
         self.killed_masters.append(master)
         time.sleep(fault.pause)  # the outage itself: the orphaned workers stop while no master runs
         self.start_master(fault.group)
+        # Until its handlers are installed, a SIGHUP (the next fault, maybe) would kill the new master
+        # (the default action), as it would any process; systemd and Kubernetes wait for start-up too.
+        self.masters[fault.group].wait_for_output("Supervisor: started", timeout=60)
         return f"killed master {master.pid}, started {self.masters[fault.group].pid}"
 
     def hup(self, fault):
@@ -152,6 +155,13 @@ class Cluster:
         time.sleep(fault.pause)  # the outage itself
         self.server.start()
         return f"redis-server down {fault.pause}s"
+
+    def check_masters(self):
+        """A master that exited mid-run fails the run at once, with its output, not after the settle timeout."""
+        for group, master in self.masters.items():
+            if master.proc.poll() is not None:
+                raise AssertionError(f"the {group} supervisor exited with {master.proc.returncode} mid-run:\n"
+                                     f"{master.output()[-4000:]}")
 
     def live_consumer_names(self):
         return {name for master in self.masters.values() for name in faults.workers(master.pid).values() if name}
@@ -251,6 +261,7 @@ def test_nothing_is_lost_under_fire(redis_factory, database, seed):
         passing_keys = {key for key in by_key if not chaos_fails(key)}
 
         def settled():
+            cluster.check_masters()
             flaky_dead = [f for f in dead_letters(client) if f["group"] == "flaky"]
             return (len(effect_counts(database)) == len(by_key) and client.hlen(HANDLED) == len(passing_keys)
                     and len(flaky_dead) >= len(failing)
