@@ -164,6 +164,16 @@ class MirrorAdmin:
         self.get_object_or_404(request, object_id)
         return super().change_view(request, object_id, form_url, extra_context)
 
+    # Django answers a missing object on these pages with a redirect to the index (or a 403 before
+    # looking): a mirror row that is gone, or an id that is not one, is a 404 on every object URL.
+    def history_view(self, request, object_id, extra_context=None):
+        self.get_object_or_404(request, object_id)
+        return super().history_view(request, object_id, extra_context)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        self.get_object_or_404(request, object_id)
+        return super().delete_view(request, object_id, extra_context)
+
     def require(self, request, permission):
         if not getattr(self, f"has_{permission}_permission")(request):
             raise PermissionDenied

@@ -17,8 +17,7 @@ def ensure_group(conn, stream, group, start="0"):
         if message.startswith("BUSYGROUP"):
             return False
         if message.startswith("WRONGTYPE"):
-            kind = conn.type(stream)
-            kind = kind.decode() if isinstance(kind, bytes) else kind
+            kind = key_type(conn, stream)
             raise StreamTypeError(
                 f"Redis key {stream!r} holds a {kind}, not a stream, so group {group!r} cannot be created "
                 f"on it. Shoal has left the key as it is: rename the stream in @consumer(...) or remove "
@@ -32,3 +31,13 @@ def is_nogroup(exc):
     """The group (or the stream) vanished, e.g. a Redis without persistence restarted."""
     # "in", not startswith: redis-py prefixes errors raised from a pipeline ("Command # 1 (...) of pipeline caused error: NOGROUP ...").
     return isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc)
+
+
+def is_wrongtype(exc):
+    """A command met a key of another type (pipelines prefix the message, so not startswith)."""
+    return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
+
+
+def key_type(conn, key):
+    kind = conn.type(key)
+    return kind.decode() if isinstance(kind, bytes) else kind

@@ -21,7 +21,7 @@ import time
 
 import redis
 
-from streams_app import deadletters, liveness, metrics
+from streams_app import deadletters, liveness, metrics, scripts
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.execution import POISON, run_chunk
 from streams_app.groups import ensure_group, is_nogroup
@@ -363,6 +363,23 @@ class GroupLoop:
         if self.busy_chunks or self.to_ack:
             logger.warning("Consumer %s: stopping with %d entries of %s/%s unacknowledged; they stay pending for takeover",
                            self.consumer, len(self.in_flight) + len(self.to_ack), self.stream, self.group)
+        else:
+            self.leave()
+
+    def leave(self):
+        """Remove this consumer from the group if it holds nothing, so a clean stop leaves no name behind.
+
+        Names are unique per process start: without this, every deploy would leave one per worker
+        until the reclaim daemon's DEAD_CONSUMER_IDLE. A consumer still holding entries (failed ones
+        waiting for their retry) stays until another takes them over and the daemon removes it.
+        """
+        try:
+            left = scripts.run(self.conn, "leave_group", [self.stream], [self.group, self.consumer])
+        except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:  # Redis down, or the group gone with it
+            logger.info("Consumer %s: could not leave %s/%s (%s); the reclaim daemon removes it later",
+                        self.consumer, self.stream, self.group, exc)
+            return False
+        return bool(left)
 
     def _try_flush(self):
         try:

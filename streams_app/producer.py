@@ -2,9 +2,12 @@
 import json
 import time
 
+import redis
+
 from streams_app.conf import setting
 from streams_app.connection import get_connection
 from streams_app.exceptions import PublishError
+from streams_app.groups import is_wrongtype, key_type
 
 _PIPELINE_CHUNK = 1000
 
@@ -51,6 +54,12 @@ def _xadd(conn, stream, fields, maxlen):
     return conn.xadd(stream, fields, maxlen=maxlen, approximate=True)
 
 
+def _not_a_stream(conn, stream):
+    """XADD met a key of another type: say so, and leave the key alone (it is someone's data)."""
+    return PublishError(f"Redis key {stream!r} holds a {key_type(conn, stream)}, not a stream; nothing was published "
+                        f"and the key was left as it is. Publish to another stream name, or remove the key yourself.")
+
+
 def _check_maxlen(maxlen):
     if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen <= 0):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
@@ -61,10 +70,16 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     validate_stream_name(stream)
     _check_maxlen(maxlen)
     fields = encode_message(payload, key=key, headers=headers)
-    conn = pipeline if pipeline is not None else get_connection()
-    entry_id = _xadd(conn, stream, fields, maxlen)
     if pipeline is not None:
+        _xadd(pipeline, stream, fields, maxlen)
         return None
+    conn = get_connection()
+    try:
+        entry_id = _xadd(conn, stream, fields, maxlen)
+    except redis.ResponseError as exc:
+        if not is_wrongtype(exc):
+            raise
+        raise _not_a_stream(conn, stream) from None
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 
@@ -92,5 +107,12 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
         pipe = conn.pipeline(transaction=False)
         for fields in encoded[start : start + _PIPELINE_CHUNK]:
             _xadd(pipe, stream, fields, maxlen)
-        ids.extend(i.decode() if isinstance(i, bytes) else i for i in pipe.execute())
+        try:
+            replies = pipe.execute()
+        except redis.ResponseError as exc:
+            if not is_wrongtype(exc):
+                raise
+            # Every XADD of the chunk met the same key of another type: none of them was stored.
+            raise _not_a_stream(conn, stream) from None
+        ids.extend(i.decode() if isinstance(i, bytes) else i for i in replies)
     return ids

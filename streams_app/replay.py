@@ -6,15 +6,20 @@ before decoding or running anything: loops of other groups ack such an entry wit
 their handler. The re-publish and the removal from the DLQ are one Lua script.
 """
 import json
+import re
 from dataclasses import dataclass, field
+
+import redis
 
 from streams_app import keys, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters import get_dead_letters
 from streams_app.exceptions import ReplayError
+from streams_app.groups import is_wrongtype, key_type
 from streams_app.producer import validate_stream_name
 
 REPLAY_BATCH = 200
+ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 @dataclass
@@ -48,7 +53,22 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
         raise ReplayError("a group is needed: replay goes to one group only")
     if bool(ids) == bool(all):
         raise ReplayError("give either dead-letter ids or all=True")
+    malformed = [i for i in ids or () if not isinstance(i, str) or not ENTRY_ID.fullmatch(i)]
+    if malformed:
+        raise ReplayError(f"not dead-letter entry ids: {', '.join(map(repr, malformed))}; "
+                          f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")
     conn = conn or get_connection()
+    try:
+        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress)
+    except redis.ResponseError as exc:
+        if not is_wrongtype(exc):
+            raise
+        kinds = {k: key_type(conn, k) for k in (keys.stream_key(stream), keys.dead_letter_key(stream))}
+        wrong = ", ".join(f"{k!r} holds a {kind}" for k, kind in kinds.items() if kind not in ("stream", "none"))
+        raise ReplayError(f"cannot replay: {wrong}, not a stream. Nothing was replayed; Shoal leaves the key as it is.") from None
+
+
+def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
     override = _override_text(payload_override)
     result = ReplayResult(dry_run=dry_run)
     if ids:

@@ -18,3 +18,16 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Tests that write a throw-away app (e.g. to change handler code under a running supervisor) add it here.
 INSTALLED_APPS += json.loads(os.environ.get("SHOAL_TEST_APPS", "[]"))
+
+# Test processes sharing one SQLite file (DATABASE_URL; tests/chaos puts its file in WAL mode) wait
+# for the write lock instead of failing after 5 s, and take it at BEGIN, so a transaction that read
+# first is never refused its upgrade (SQLITE_BUSY without waiting). synchronous=NORMAL loses nothing
+# when a process is killed, only on power loss, which these tests do not simulate.
+from project.settings import DATABASES  # noqa: E402
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3") and os.environ.get("DATABASE_URL"):
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA synchronous=NORMAL",
+    }

@@ -65,6 +65,7 @@ def test_sigterm_finishes_in_flight_work_and_reads_nothing_more(redis, run_consu
     [group] = redis.xinfo_groups("jobs")
     assert group["last-delivered-id"] == ids[-1], "entries published after SIGTERM were read"
     assert group["lag"] == len(late)
+    assert redis.xinfo_consumers("jobs", "a") == [], "a clean stop left its consumer name in the group"
 
 
 def test_second_signal_exits_at_once_and_loses_nothing(redis, run_consumer):

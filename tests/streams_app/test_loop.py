@@ -139,3 +139,26 @@ def test_a_slow_chunk_hands_back_what_it_has_not_started(redis, make_loop):
     assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids)  # each exactly once
     assert handed_back and handed_back[1] < 30, handed_back  # the first chunk stopped early
     assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_a_clean_stop_removes_the_consumer_from_its_group(redis, make_loop):
+    publish_many("jobs", [{"n": n} for n in range(20)])
+    loop = make_loop(name="leaving")
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 20 and not loop.in_flight)
+    assert [c["name"] for c in redis.xinfo_consumers("jobs", "a")] == ["leaving"]
+    loop.shutdown.set()
+    loop.drain()
+    assert redis.xinfo_consumers("jobs", "a") == []
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_a_consumer_holding_entries_stays_in_its_group_when_it_stops(redis, make_loop):
+    failed = publish("jobs", {"fail": "boom"})
+    loop = make_loop(name="holding")
+    run_until(loop, lambda: loop.retries and not loop.in_flight)  # failed once, waiting for its retry
+    loop.shutdown.set()
+    loop.drain()
+    # Removing it would drop the failed entry from the PEL: it stays for another consumer to take over.
+    [consumer] = redis.xinfo_consumers("jobs", "a")
+    assert consumer["name"] == "holding" and consumer["pending"] == 1
+    assert [p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)] == [failed]

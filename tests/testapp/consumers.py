@@ -6,6 +6,7 @@ test counts handlings and duplicates exactly. Payload keys: ``sleep`` (seconds),
 import os
 import signal
 import time
+import zlib
 
 from streams_app import consumer
 from streams_app.connection import get_connection
@@ -82,3 +83,28 @@ def slow_first_time(message):
     if message.deliveries == 1:
         time.sleep(600)
     record("handled", message)
+
+
+# -- the chaos run (tests/chaos) ---------------------------------------------------------------
+
+CHAOS_STREAM = "chaos"
+
+
+def chaos_fails(key):
+    """A deterministic 1% of keys: the same in every process, every run (not Python's salted hash)."""
+    return zlib.crc32(key.encode()) % 100 == 0
+
+
+@consumer(CHAOS_STREAM, group="effects", idempotent="db", retry_backoff=(0.05, 1))
+def chaos_effect(message):
+    """One Effect row per key, written in the same transaction as the ProcessedMessage guard."""
+    from tests.testapp.models import Effect
+
+    Effect.objects.create(name=message.key, entry_id=message.id)
+
+
+@consumer(CHAOS_STREAM, group="flaky", max_deliveries=3, retry_backoff=(0.05, 1))
+def chaos_flaky(message):
+    if chaos_fails(message.key):
+        raise RuntimeError(f"key {message.key} always fails")
+    get_connection().hincrby("chaos:flaky:handled", message.key, 1)
