@@ -330,7 +330,8 @@ def test_worker_counters_are_summed_across_workers_and_survive_a_worker_kill(red
     master = supervise("jobs:a", "--workers", "2", "--metrics-port", str(port), *FAST)
     wait_for(lambda: len(workers(master)) == 2, timeout=30, what="2 workers")
     publish(redis, "jobs", [{"n": n} for n in range(200)])
-    wait_for(lambda: redis.xinfo_groups("jobs")[0]["pending"] == 0 and redis.llen("handled:jobs:a") == 200,
+    # handled first: the group exists by then (a worker may report itself consuming a moment before).
+    wait_for(lambda: redis.llen("handled:jobs:a") == 200 and redis.xinfo_groups("jobs")[0]["pending"] == 0,
              timeout=30, what="200 handled and acked")
 
     def handled():
