@@ -1,10 +1,26 @@
 #!/usr/bin/env python
 """Django's command-line utility for administrative tasks."""
 import os
+import signal
 import sys
 
 
+# A runconsumer supervisor installs its HUP/TTIN/TTOU handlers only once Django has started, which
+# takes seconds on a loaded host. Until then the default actions would kill (HUP) or stop (TTIN,
+# TTOU) it; ignoring them meanwhile loses nothing: the workers it is about to start load the code
+# on disk anyway. Its workers are exec'd after its own handlers are in place, so they start with
+# the default dispositions.
+_POOL_FLAGS = ("--workers", "--min-workers", "--max-workers")
+
+
+def _ignore_pool_signals_until_ready(argv):
+    if len(argv) > 1 and argv[1] == "runconsumer" and any(a.split("=")[0] in _POOL_FLAGS for a in argv[2:]):
+        for sig in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def main():
+    _ignore_pool_signals_until_ready(sys.argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 

@@ -364,3 +364,27 @@ def test_every_consumer_worker_hears_a_broadcast(redis, supervise):
     assert sorted(int(pid) for pid in redis.hkeys("acks")) == sorted(workers(master))
     master.signal(signal.SIGTERM)
     assert master.wait(30) == 0, master.output()
+
+
+def test_a_hup_that_arrives_while_the_master_starts_does_not_kill_it(redis, supervise):
+    master = supervise("jobs:a", "--workers", "1", *FAST)
+
+    def ignores_hup():
+        status = open(f"/proc/{master.pid}/status").read()
+        mask = int(next(l for l in status.splitlines() if l.startswith("SigIgn:")).split()[1], 16)
+        return mask & (1 << (signal.SIGHUP - 1))
+
+    # As soon as manage.py runs: Django is still starting, the supervisor's handlers are not in place.
+    wait_for(ignores_hup, timeout=30, what="manage.py ignoring SIGHUP during start-up")
+    master.signal(signal.SIGHUP)
+    master.signal(signal.SIGTTIN)
+    master.wait_for_output("Supervisor: started", timeout=60)
+    wait_for(lambda: len(workers(master)) >= 1, timeout=30, what="a consuming worker")
+    assert master.proc.poll() is None
+    # The workers still take the default action of the signals the master relays to them.
+    publish(redis, "jobs", [{"n": 1}])
+    wait_for(lambda: redis.llen("handled:jobs:a") == 1, timeout=30, what="handled")
+    master.signal(signal.SIGHUP)  # now a rolling restart
+    master.wait_for_output("rolling", timeout=30)
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
