@@ -54,7 +54,11 @@ def run_chunk(handler, messages, guard=None, budget=None):
             continue
         runnable.append(message)
     if guard is not None and runnable:
-        runnable, duplicates, busy = guard.begin(runnable)
+        try:
+            runnable, duplicates, busy = guard.begin(runnable)
+        except BaseException:
+            recorder.in_flight.dec(len(messages))  # the chunk fails whole; the loop retries it
+            raise
         acked.extend(m.id for m in duplicates)
         failed.extend(Outcome(m, FAILED, exc) for m, exc in busy)
     succeeded = []

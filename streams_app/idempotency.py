@@ -36,6 +36,10 @@ def message_key(message):
 
 
 class RedisGuard:
+    # Consumers the read loop has found dead (streams_app.loop._claim_from_dead); their marks
+    # are leftovers. Replaced, never mutated, so handler threads read it without a lock.
+    confirmed_dead = frozenset()
+
     def __init__(self, conn, stream, group, running_ms, ttl):
         self.conn = conn
         self.stream = stream
@@ -59,9 +63,9 @@ class RedisGuard:
                 to_run.append(message)
             elif previous == DONE:
                 duplicates.append(message)
-            elif previous.rsplit(":", 1)[-1] == message.id:
-                # A mark for this very entry, left by an earlier delivery (a retry, a chunk handed
-                # back, a dead consumer): this consumer holds the entry in the PEL now, so it runs.
+            elif self._left_over(previous, message):
+                # A mark for this very entry, left by this consumer (a chunk handed back, a failed
+                # "done" write) or by a consumer known dead: nobody else is running it.
                 to_run.append(message)
                 mine.append(message)
             else:
@@ -72,6 +76,11 @@ class RedisGuard:
                 pipe.set(self._key(message), f"{RUNNING}:{message.consumer}:{message.id}", px=self.running_ms)
             pipe.execute()
         return to_run, duplicates, busy
+
+    def _left_over(self, mark, message):
+        prefix, _, entry_id = mark.rpartition(":")
+        holder = prefix.partition(":")[2]
+        return entry_id == message.id and (holder == message.consumer or holder in self.confirmed_dead)
 
     def call(self, handler, message):
         handler(message)

@@ -9,6 +9,11 @@ taken over at once instead of after PENDING_TIMEOUT_MS. Consumers that never wro
 from streams_app import keys, scripts
 
 
+def reader_client_name(consumer):
+    """CLIENT SETNAME of a consumer's blocking-read connections (streams_app.worker)."""
+    return f"shoal-reader:{consumer}"
+
+
 def liveness_key(stream):
     return f"{keys.hash_tag(stream)}:consumers"
 

@@ -88,6 +88,8 @@ class GroupLoop:
         self.reading = False  # inside a blocking XREADGROUP (shutdown unblocks it)
         self.failures = 0
         self.handled = 0
+        self.consumer_ttl = config["CONSUMER_TTL"]
+        self.judge_dead_after = 0.0  # see _claim_from_dead
 
     @property
     def busy_chunks(self):
@@ -163,32 +165,45 @@ class GroupLoop:
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
         entries = self._due_retries(capacity, now)
         if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
-            entries += self._claim_from_dead(capacity - len(entries))
+            entries += self._claim_from_dead(capacity - len(entries), now)
         if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
             entries += self._claim_abandoned(capacity - len(entries), now)
         return entries
 
-    def _claim_from_dead(self, room):
-        """Entries of consumers whose liveness deadline lapsed: known dead, so no pending timeout to wait.
+    def _claim_from_dead(self, room, now):
+        """Entries of consumers known dead: no pending timeout to wait, only their retry back-off.
 
-        Only the retry back-off applies (an entry that killed its worker is not retried in a hot
-        loop); XCLAIM's min-idle check makes a race with another live consumer safe.
+        Dead means both: its liveness deadline lapsed, and no connection of it is left on the
+        server (CLIENT LIST; a killed process's sockets close, a frozen or paused one's do not).
+        Right after this loop itself reconnected, nobody is judged: every deadline lapsed while
+        Redis was away and the others may not have reconnected yet. Entries over their delivery
+        limit are left to the pending-timeout path, which knows they are idle.
         """
-        dead = sorted(liveness.dead_consumers(self.conn, self.stream) - {self.consumer})
+        if now < self.judge_dead_after:
+            return []
+        lapsed = liveness.dead_consumers(self.conn, self.stream) - {self.consumer}
+        if not lapsed:
+            return []
+        summary = self.conn.xpending(self.stream, self.group)
+        holders = {_str(c["name"]) for c in summary.get("consumers") or ()}
+        candidates = lapsed & holders
+        if not candidates:
+            return []
+        connected = {c.get("name") for c in self.conn.client_list()}
+        dead = sorted(n for n in candidates if liveness.reader_client_name(n) not in connected)
+        if self.guard is not None:
+            self.guard.confirmed_dead = frozenset(dead)
         entries = []
+        in_flight = self.in_flight
         for name in dead[:DEAD_CONSUMERS_PER_PASS]:
             rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=room - len(entries),
                                             consumername=name)
-            if not rows:
-                # Nothing left of it in this group. Its name stays in the hash while other groups
-                # of the stream may still hold its entries; the reclaim daemon removes idle names.
-                continue
             wanted = {}
             for row in rows:
                 entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]
-                if deliveries >= self.max_deliveries:
-                    self.to_dead_letter.append((entry_id, "", ""))
-                elif row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
+                if entry_id in in_flight or deliveries >= self.max_deliveries:
+                    continue
+                if row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
                     wanted[entry_id] = deliveries
             if wanted:
                 min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
@@ -236,13 +251,14 @@ class GroupLoop:
         for row in rows:
             last = _str(row["message_id"])
             deliveries = row["times_delivered"]
-            if _str(row["consumer"]) == self.consumer:
-                if busy_here is None:
-                    busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
-                if last in busy_here:
-                    continue
-                # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh,
-                # or its chunk was lost): treat it like any abandoned entry.
+            if busy_here is None:
+                busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
+            if last in busy_here:
+                # Running or queued here, even if another consumer claimed it from us meanwhile:
+                # claiming it back would run it a second time in this very process.
+                continue
+            # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
+            # chunk was lost) is treated like any abandoned entry.
             if deliveries >= self.max_deliveries:
                 self.to_dead_letter.append((last, "", ""))  # "" = the error recorded by the failing worker
             elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
@@ -398,5 +414,6 @@ class GroupLoop:
 
     def _redis_ok(self):
         if self.failures:
+            self.judge_dead_after = self.clock() + self.consumer_ttl
             logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer, self.failures)
             self.failures = 0

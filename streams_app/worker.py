@@ -142,7 +142,7 @@ class Worker:
     @property
     def reader_client_name(self):
         # CLIENT SETNAME forbids spaces; consumer names come from host names, which have none.
-        return f"shoal-reader:{self.name}"
+        return liveness.reader_client_name(self.name)
 
     def _run_loop(self, loop):
         try:

@@ -242,16 +242,29 @@ def test_successful_handlers_pay_no_failure_round_trips(redis, make_loop):
 
 
 def test_redis_guard_lets_the_same_entry_run_again_when_its_own_mark_is_left(redis, make_loop):
-    # A chunk that failed outside its handlers (a Redis blip in the guard), a chunk handed back, or a
-    # consumer that died mid-handler leave a "running" mark naming this very entry. Its next delivery
-    # must run, not fail as "being handled" until it is dead-lettered.
+    # A chunk handed back, or a failed "done" write, leave a "running" mark naming this consumer
+    # and this very entry. Its next delivery must run, not fail as "being handled" until it is
+    # dead-lettered.
     entry = publish("idem", {"n": 1}, key="order-9")
-    redis.set("{idem}:idem:r:order-9", f"running:dead-consumer:{entry}", px=60_000)
+    redis.set("{idem}:idem:r:order-9", f"running:me:{entry}", px=60_000)
     loop = make_loop("idem:r", threads=1)
     run_until(loop, lambda: redis.llen("handled:idem:r") == 1 and settled(loop))
     assert redis.lrange("handled:idem:r", 0, -1) == [entry]
     assert redis.get("{idem}:idem:r:order-9") == "done"
     assert not redis.exists("{idem}:dlq")
+
+
+def test_redis_guard_refuses_the_same_entry_marked_by_a_consumer_not_known_dead(redis, make_loop):
+    # Another consumer may still be running it (it claimed the entry from us, or we from it):
+    # only a holder found dead (no liveness, no connection) makes the mark a leftover.
+    entry = publish("idem", {"n": 1}, key="order-11")
+    redis.set("{idem}:idem:r:order-11", f"running:other:{entry}", px=60_000)
+    loop = make_loop("idem:r", threads=1)
+    run_until(loop, lambda: loop.errors or loop.retries)
+    assert redis.llen("started:idem:r") == 0, "ran while another consumer may be running it"
+    loop.guard.confirmed_dead = frozenset({"other"})
+    loop.retries = [(0.0, entry_id, deliveries) for _, entry_id, deliveries in loop.retries]
+    run_until(loop, lambda: redis.llen("handled:idem:r") == 1 and settled(loop))
 
 
 def test_redis_guard_still_refuses_a_different_entry_with_a_key_in_flight(redis, make_loop):

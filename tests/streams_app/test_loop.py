@@ -162,3 +162,44 @@ def test_a_consumer_holding_entries_stays_in_its_group_when_it_stops(redis, make
     [consumer] = redis.xinfo_consumers("jobs", "a")
     assert consumer["name"] == "holding" and consumer["pending"] == 1
     assert [p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)] == [failed]
+
+
+def _dead_setup(redis, holder, n=3):
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)
+    ids = publish_many("jobs", [{"n": i} for i in range(n)])
+    redis.xreadgroup("a", holder, {"jobs": ">"})
+    redis.hset("{jobs}:consumers", holder, 1)  # its liveness deadline lapsed long ago
+    return ids
+
+
+def test_a_consumer_whose_deadline_lapsed_but_whose_connection_lives_is_not_taken_over(redis, redis_server, make_loop):
+    # Frozen (SIGSTOP, a GIL-holding handler, a paused VM) rather than dead: its sockets stay open.
+    frozen = redis_server.client(client_name="shoal-reader:frozen")
+    frozen.ping()
+    ids = _dead_setup(redis, "frozen")
+    loop = make_loop(PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # many claim passes
+        loop.tick()
+    assert redis.llen("started:jobs:a") == 0, "took entries from a consumer that is still connected"
+    frozen.close()  # now it is really gone
+    run_until(loop, lambda: sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids))
+
+
+def test_stale_names_do_not_crowd_out_a_dead_consumer_holding_entries(redis, make_loop):
+    redis.hset("{jobs}:consumers", mapping={f"gone-{i:02d}": 1 for i in range(12)})  # dead, holding nothing
+    ids = _dead_setup(redis, "zz-dead")
+    loop = make_loop(PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
+    run_until(loop, lambda: sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids))
+
+
+def test_an_entry_running_here_is_not_claimed_back_from_whoever_took_it(redis, make_loop):
+    entry = publish("jobs", {"n": 1, "sleep": 1.0})
+    loop = make_loop(threads=1, PENDING_TIMEOUT_MS=200, CLAIM_INTERVAL_MS=20, RETRY_BACKOFF=0.01)
+    run_until(loop, lambda: redis.llen("started:jobs:a") == 1)
+    redis.xclaim("jobs", "a", "other", 0, [entry])  # another consumer took it over meanwhile
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.in_flight)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        loop.tick()
+    assert redis.llen("started:jobs:a") == 1, "this process ran the entry a second time"
