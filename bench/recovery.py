@@ -35,7 +35,7 @@ def watch_for(proc, text, event):
 
 def run(server, client, messages, streams, label):
     client.flushall()
-    env = {"SHOAL_TEST_STREAMS": json.dumps(streams)}
+    env = {"SHOAL_TEST_STREAMS": json.dumps(streams), "DJANGO_SETTINGS_MODULE": "bench.settings"}
     from streams_app import publish_many
 
     publish_many("recovery", [{"n": n} for n in range(messages)])
@@ -70,7 +70,7 @@ def main():
     args = parser.parse_args()
     server = start_redis()
     try:
-        setup_django(server.url)
+        setup_django(server.url, settings="bench.settings")
         client = server.client()
         from streams_app.conf import get_settings
 

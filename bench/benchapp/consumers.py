@@ -29,3 +29,11 @@ def measure(message):
         if _flusher is None:
             _flusher = threading.Thread(target=_flush_forever, daemon=True)
             _flusher.start()
+
+
+@consumer("recovery", group="bench")
+def slow_first_time(message):
+    """bench/recovery.py: the first delivery hangs (the worker is killed holding it); takeovers are quick."""
+    if message.deliveries == 1:
+        time.sleep(600)
+    get_connection().rpush(f"handled:{message.stream}:{message.group}", message.id)

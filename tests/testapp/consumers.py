@@ -77,14 +77,6 @@ consumer("ledger", group="fast", retention="acked")(behave)
 consumer("ledger", group="slow")(behave)
 
 
-@consumer("recovery", group="bench")
-def slow_first_time(message):
-    """bench/recovery.py: the first delivery hangs (the worker is killed holding it); takeovers are quick."""
-    if message.deliveries == 1:
-        time.sleep(600)
-    record("handled", message)
-
-
 # -- the chaos run (tests/chaos) ---------------------------------------------------------------
 
 CHAOS_STREAM = "chaos"
