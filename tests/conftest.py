@@ -114,7 +114,7 @@ def run_consumer(redis_server):
     """Start ``manage.py runconsumer`` subprocesses against a test Redis; stop them at teardown."""
     procs = []
 
-    def start(*args, server=None, streams=None, env=None):
+    def start(*args, server=None, streams=None, env=None, command="runconsumer"):
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -123,7 +123,7 @@ def run_consumer(redis_server):
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        proc = ConsumerProcess([*args, "-v", "2"], full_env)
+        proc = ConsumerProcess([*args, "-v", "2"], full_env, command=command)
         procs.append(proc)
         return proc
 

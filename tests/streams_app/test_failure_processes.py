@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, ConsumerProcess
+from tests.conftest import ROOT
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -26,26 +26,10 @@ def database_url(tmp_path_factory):
 
 
 @pytest.fixture
-def run_command(redis_server, database_url):
-    procs = []
-
-    def start(command, *args, streams=None):
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "REDIS_URL": redis_server.url,
-            "DATABASE_URL": database_url[0],
-            "SHOAL_TEST_STREAMS": json.dumps(streams or {}),
-            "PYTHONUNBUFFERED": "1",
-        }
-        proc = ConsumerProcess([*args, "-v", "2"], env, command=command)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.proc.poll() is None:
-            proc.kill()
+def run_command(run_consumer, database_url):
+    """``manage.py <command>`` against the test Redis and the migrated SQLite file."""
+    return lambda command, *args, streams=None: run_consumer(
+        *args, streams=streams, env={"DATABASE_URL": database_url[0]}, command=command)
 
 
 FAST = {"PENDING_TIMEOUT_MS": 400, "CLAIM_INTERVAL_MS": 100, "RETRY_BACKOFF": 0.1}
