@@ -8,7 +8,7 @@ across workers that survive recycling, broadcast listeners, and discovery regist
 
 The master imports no application code (no Django, no settings, no app modules): what the master
 has imported, every worker it forks inherits unreloaded, so HUP could not load new code. The
-hooks here use only ``project.cpus`` and ``streams_app.multiproc`` (prometheus_client, no Django).
+hooks here use only ``project.cpus`` and ``streams_app.metrics.multiprocess`` (prometheus_client, no Django).
 
 Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
 own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default var/prometheus),
@@ -27,12 +27,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from project.cpus import web_concurrency  # noqa: E402
-from streams_app import multiproc  # noqa: E402
+from streams_app.metrics import multiprocess  # noqa: E402
 
 VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
 VAR.mkdir(parents=True, exist_ok=True)
 # Set before any worker imports prometheus_client: it picks its multiprocess mode at import time.
-os.environ.setdefault(multiproc.ENV, str(VAR / "prometheus"))
+os.environ.setdefault(multiprocess.ENV, str(VAR / "prometheus"))
 
 wsgi_app = "project.wsgi"
 workers = web_concurrency()
@@ -61,7 +61,7 @@ proc_name = "shoal-web"
 def on_starting(server):
     # Files left by a previous master belong to processes that are gone: start the counters afresh
     # (Prometheus sees a counter reset, as for any restart).
-    multiproc.reset(os.environ[multiproc.ENV])
+    multiprocess.reset(os.environ[multiprocess.ENV])
 
 
 def when_ready(server):
@@ -124,4 +124,4 @@ def worker_exit(server, worker):
 def child_exit(server, worker):
     # The dead worker's counters go into the archive files, its gauges away: /metrics keeps its
     # totals and the directory stays as large as the live workers need.
-    multiproc.process_dead(worker.pid, os.environ[multiproc.ENV])
+    multiprocess.process_dead(worker.pid, os.environ[multiprocess.ENV])

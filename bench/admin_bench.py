@@ -56,7 +56,7 @@ def main():
 
         from django.utils import timezone
 
-        from streams_app import sync
+        from streams_app.admin import mirror
         from streams_app.models import ConsumerGroup, Stream
 
         setup_test_environment()  # the test client's host name
@@ -65,10 +65,10 @@ def main():
 
         fill_dead_letters(client, "orders", args.dead_letters)
         stream = Stream.objects.create(name="orders", synced_at=timezone.now())
-        first = timed(lambda: sync.sync_dead_letters(stream))
-        idle = timed(lambda: sync.sync_dead_letters(stream), repeat=5)
+        first = timed(lambda: mirror.sync_dead_letters(stream))
+        idle = timed(lambda: mirror.sync_dead_letters(stream), repeat=5)
         fill_dead_letters(client, "orders", 100, start=args.dead_letters)
-        more = timed(lambda: sync.sync_dead_letters(stream))
+        more = timed(lambda: mirror.sync_dead_letters(stream))
         print(f"dead letters: first copy of {args.dead_letters:,}: {first:.2f} s "
               f"({args.dead_letters / first:,.0f}/s); sync with none new: {idle * 1000:.1f} ms; "
               f"with 100 new: {more * 1000:.1f} ms")
@@ -81,7 +81,7 @@ def main():
         pipe.execute()
         client.xgroup_create("jobs", "a", id="0")
         client.xreadgroup("a", "c1", {"jobs": ">"}, count=args.pending)
-        synced = timed(lambda: sync.sync_streams())
+        synced = timed(lambda: mirror.sync_streams())
         group = ConsumerGroup.objects.get(stream__name="jobs", name="a")
         User.objects.create_superuser("bench", password="bench")
         web = Client()

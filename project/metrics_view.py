@@ -3,8 +3,8 @@ from django.http import HttpResponse
 from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from streams_app import multiproc
-from streams_app.metrics import BacklogCollector
+from streams_app.metrics import multiprocess
+from streams_app.metrics.consumer import BacklogCollector
 
 _backlog = CollectorRegistry(auto_describe=False)
 _backlog.register(BacklogCollector())
@@ -12,7 +12,7 @@ _backlog.register(BacklogCollector())
 
 @never_cache
 def metrics(request):
-    path = multiproc.directory()
+    path = multiprocess.directory()
     # Under gunicorn each worker writes its own files; any worker that takes the scrape reads all.
-    registry = multiproc.multiprocess_registry(path) if path else REGISTRY
+    registry = multiprocess.multiprocess_registry(path) if path else REGISTRY
     return HttpResponse(generate_latest(registry) + generate_latest(_backlog), content_type=CONTENT_TYPE_LATEST)

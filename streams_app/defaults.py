@@ -25,7 +25,7 @@ SHUTDOWN_TIMEOUT = 30.0
 CONSUMER_TTL = 15.0
 """Seconds a consumer process's liveness deadline lasts; it is renewed every third of it. When it
 lapses the process is known dead and its pending entries are taken over at once, without waiting
-for PENDING_TIMEOUT_MS (streams_app/liveness.py)."""
+for PENDING_TIMEOUT_MS (streams_app/consuming/liveness.py)."""
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest JSON payload ``publish`` accepts, in bytes of UTF-8. Redis holds streams in memory."""

@@ -42,7 +42,7 @@ class GroupSnapshot(models.Model):
         return f"{self.stream}/{self.group} at {self.taken_at:%Y-%m-%d %H:%M:%S}"
 
 
-# -- mirrors of Redis state for the admin (streams_app/sync.py keeps them current) -----------------
+# -- mirrors of Redis state for the admin (streams_app/admin/mirror.py keeps them current) -----------------
 # Redis stays the source of truth: these rows are a searchable, filterable copy, refreshed by the
 # reclaim daemon each pass and by the admin when a page opens. Each row says when it was copied.
 

@@ -7,7 +7,7 @@ import redis
 from streams_app.conf import setting
 from streams_app.connection import get_connection
 from streams_app.exceptions import PublishError
-from streams_app.groups import is_wrongtype, key_type
+from streams_app.consuming.groups import is_wrongtype, key_type
 
 _PIPELINE_CHUNK = 1000
 

@@ -16,10 +16,16 @@ from datetime import datetime, timedelta, timezone
 import redis
 from django.db import DatabaseError
 
-from streams_app import deadletters, keys, liveness, metrics, scripts
+from streams_app import keys, scripts
+
+from streams_app.deadletters import store as deadletters
+
+from streams_app.consuming import liveness
+
+from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from streams_app.groups import is_nogroup
+from streams_app.consuming.groups import is_nogroup
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.reclaim")
@@ -188,11 +194,11 @@ class Reclaimer:
         return trimmed
 
     def sync_mirrors(self, report):
-        """Refresh the admin's copies of Redis state (streams_app/sync.py); failures only cost freshness."""
-        from streams_app import sync
+        """Refresh the admin's copies of Redis state (streams_app/admin/mirror.py); failures only cost freshness."""
+        from streams_app.admin import mirror
 
         try:
-            sync.sync_all(conn=self.conn)
+            mirror.sync_all(conn=self.conn)
         except (*TRANSIENT_ERRORS, redis.ResponseError, DatabaseError) as exc:
             report.errors.append(f"mirror: {exc}")
             logger.warning("Reclaimer: could not sync the admin mirror (%s); the admin shows its age", exc)

@@ -23,7 +23,7 @@ from streams_app import publish, publish_many
 from streams_app.conf import get_settings
 from streams_app.exceptions import PublishError
 from tests.conftest import ConsumerProcess
-from tests.streams_app.admin_fixtures import dead_letter
+from tests.streams_app.admin.fixtures import dead_letter
 
 LIMIT = get_settings()["MAX_PAYLOAD_BYTES"]
 
@@ -169,7 +169,7 @@ def test_runconsumer_with_a_handler_that_cannot_be_imported_names_it_and_consume
     """Django imports every consumers.py at start-up: the error is Python's own, pointing at the line.
 
     (Under a supervisor the worker fails to boot and the master halts with exit 3:
-    tests/streams_app/test_supervisor_process.py.)"""
+    tests/streams_app/supervisor/test_supervisor_process.py.)"""
     redis.xadd("jobs", {"payload": "{}"})
     before = snapshot(redis)
     proc = run_consumer("jobs:a", env=broken_handler_app)

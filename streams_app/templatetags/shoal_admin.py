@@ -1,7 +1,7 @@
 """``{% shoal_summary %}``: what needs attention, at the top of the admin index."""
 from django import template
 
-from streams_app import sync
+from streams_app.admin import mirror
 from streams_app.conf import get_settings
 
 register = template.Library()
@@ -14,18 +14,18 @@ def shoal_summary(context):
     request = context.get("request")
     if request is None or not request.user.has_perm("streams_app.view_consumergroup"):
         return {"show": False}
-    mirror = sync.try_sync()
+    copied = mirror.try_sync()
     config = get_settings()
     target = config["TARGET_LAG"]  # the supervisor's autoscaling target doubles as "lagging"
     groups = ConsumerGroup.objects.select_related("stream")
     return {
         "show": True,
-        "mirror": mirror,
+        "mirror": copied,
         "target": target,
         "pending_timeout": config["PENDING_TIMEOUT_MS"] / 1000,
         "lagging": groups.filter(lag__gt=target).order_by("-lag")[:20],
         "stale": groups.filter(stale_pending__gt=0).order_by("-stale_pending")[:20],
         "dead": Stream.objects.filter(dead_letters__gt=0).order_by("-dead_letters")[:20],
-        "stale_cap": sync.STALE_PENDING_CAP,
+        "stale_cap": mirror.STALE_PENDING_CAP,
         "groups": groups.count(),
     }

@@ -70,6 +70,6 @@ def workers(master_pid):
             # setproctitle: "shoal: runconsumer worker consuming <name> [<selectors>]"
             words = title.split()
             found[pid] = words[4] if len(words) > 4 and words[3] in ("consuming", "stopping") else None
-        elif "streams_app.child" in title:
+        elif "streams_app.supervisor.worker_main" in title:
             found[pid] = None
     return found

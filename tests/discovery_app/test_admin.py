@@ -5,7 +5,7 @@ from django.contrib.admin.models import DELETION, LogEntry
 from discovery_app.models import ServiceInstance
 from discovery_app.registry import ServiceRegistry
 from discovery_app.sync import sync_instances
-from tests.streams_app.admin_fixtures import staff_client  # noqa: F401
+from tests.streams_app.admin.fixtures import staff_client  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from django_prometheus.middleware import Metrics
 from prometheus_client import REGISTRY
 
-from streams_app import metrics
-from streams_app.poolmetrics import PoolMetrics
+from streams_app.metrics import consumer as metrics
+from streams_app.metrics.supervisor import PoolMetrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent.parent / "deploy" / "grafana" / "shoal.json"
 METRIC = re.compile(r"\b((?:django_http|shoal)_[a-z_]+)")

@@ -3,11 +3,11 @@ import os
 
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-from streams_app import multiproc
+from streams_app.metrics import multiprocess
 
 
 def values(path):
-    collector = multiproc.LockedMultiProcessCollector(None, str(path))
+    collector = multiprocess.LockedMultiProcessCollector(None, str(path))
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in collector.collect() for s in m.samples}
 
 
@@ -36,8 +36,8 @@ def test_dead_processes_are_folded_into_archives_without_changing_totals(tmp_pat
     before = values(tmp_path)
     assert before[("requests_total", (("view", "home"),))] == 23
 
-    multiproc.process_dead(101, str(tmp_path))
-    multiproc.process_dead(102, str(tmp_path))
+    multiprocess.process_dead(101, str(tmp_path))
+    multiprocess.process_dead(102, str(tmp_path))
     after = values(tmp_path)
 
     summed = {k: v for k, v in before.items() if not k[0].startswith(("inflight", "started"))}
@@ -55,16 +55,16 @@ def test_dead_processes_are_folded_into_archives_without_changing_totals(tmp_pat
 
 def test_reset_empties_the_directory(tmp_path):
     fill(tmp_path, 7, 1, {"+Inf": 1})
-    multiproc.reset(str(tmp_path / "x"))
-    multiproc.reset(str(tmp_path))
+    multiprocess.reset(str(tmp_path / "x"))
+    multiprocess.reset(str(tmp_path))
     assert [name for name in os.listdir(tmp_path) if name.endswith(".db")] == []
     assert (tmp_path / "x").is_dir()
 
 
 def test_a_file_being_created_does_not_fail_the_scrape(tmp_path):
-    from streams_app import multiproc
+    from streams_app.metrics import multiprocess
 
-    multiproc.reset(tmp_path)
+    multiprocess.reset(tmp_path)
     (tmp_path / "counter_4242.db").write_bytes(b"")  # a worker between open() and truncate()
-    registry = multiproc.multiprocess_registry(str(tmp_path))
+    registry = multiprocess.multiprocess_registry(str(tmp_path))
     list(registry.collect())  # must not raise struct.error

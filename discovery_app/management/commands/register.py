@@ -4,7 +4,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from project.cli import log_level
+from shoal_common.cli import log_level
 
 from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registrar import Registrar

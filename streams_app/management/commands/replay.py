@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from streams_app.exceptions import StreamsError
-from streams_app.replay import replay
+from streams_app.deadletters.replay import replay
 
 
 class Command(BaseCommand):

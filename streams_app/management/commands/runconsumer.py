@@ -4,12 +4,12 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from project.cli import log_level, positive_int, positive_float
+from shoal_common.cli import log_level, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
 from streams_app.registry import select
-from streams_app.worker import EXIT_CONFIG, Worker
+from streams_app.consuming.worker import EXIT_CONFIG, Worker
 
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
@@ -95,7 +95,7 @@ class Command(BaseCommand):
 
     def run_in_process(self, specs, options):
         if options["metrics_port"]:
-            from streams_app.metrics import start_metrics_server
+            from streams_app.metrics.consumer import start_metrics_server
 
             try:
                 start_metrics_server(options["metrics_port"], options["metrics_addr"])
@@ -116,7 +116,7 @@ class Command(BaseCommand):
             raise CommandError(f"consumer {worker.name} stopped after an error (exit {code}); see the log above.", returncode=code)
 
     def run_supervisor(self, selectors, specs, level, options):
-        from streams_app.pool import build_supervisor
+        from streams_app.supervisor.factory import build_supervisor
 
         try:
             supervisor = build_supervisor(selectors, specs, options, log_level=level)

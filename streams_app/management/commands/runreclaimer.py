@@ -3,7 +3,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from project.cli import log_level, positive_float, positive_int
+from shoal_common.cli import log_level, positive_float, positive_int
 
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import registered

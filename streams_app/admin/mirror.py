@@ -1,0 +1,252 @@
+"""Copying Redis state into the admin's mirror models (Stream, ConsumerGroup, DeadLetter).
+
+Redis is the source of truth; the rows are a copy the admin can search, filter and sort. The
+reclaim daemon syncs every pass and the admin syncs when a page opens; ``MirrorState`` records
+when the last sync succeeded, so a page whose sync failed can say how old its numbers are.
+
+Dead letters are copied incrementally: each Stream row keeps the highest dead-letter id copied
+(``dlq_cursor``) and a sync reads only past it. Rows whose entry left the DLQ (replayed or deleted
+by someone else) are found by comparing counts, and only then checked id by id.
+"""
+import logging
+import re
+from datetime import datetime, timezone
+
+import redis
+from django.apps import apps
+from django.db import DatabaseError, transaction
+from django.utils import timezone as dj_timezone
+
+from streams_app import keys
+from streams_app.conf import get_settings
+from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.registry import registered
+
+logger = logging.getLogger("streams_app.sync")
+
+STREAMS_MIRROR = "streams"
+DLQ_PAGE = 500
+# A page that opens copies at most this many new dead letters (a first sync of a huge DLQ must not
+# hold up a request); the reclaim daemon copies without a limit.
+PAGE_DLQ_LIMIT = 5000
+# Counting stale pending entries reads them; past this many the admin says "100+".
+STALE_PENDING_CAP = 100
+_ERROR_TYPE = re.compile(r"^([A-Za-z_][\w.]*)\s*:")
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def ms_to_datetime(ms):
+    return datetime.fromtimestamp(int(ms) / 1000, timezone.utc)
+
+
+def error_type(error):
+    """'ValueError: bad' -> 'ValueError'; 'decode: ...' -> 'decode'; anything else -> 'other'."""
+    match = _ERROR_TYPE.match(error or "")
+    return match.group(1) if match else "other"
+
+
+def _id_key(entry_id):
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+# -- streams and groups -----------------------------------------------------------------------
+
+def sync_streams(conn=None, specs=None, now=None, dlq_limit=None):
+    """Refresh every Stream and ConsumerGroup row (streams of registered consumers plus those already
+    mirrored), and copy new dead letters. Returns the Stream rows."""
+    from streams_app.models import ConsumerGroup, Stream
+
+    conn = conn or get_connection()
+    specs = registered() if specs is None else specs
+    now = now or dj_timezone.now()
+    by_group = {(s.stream, s.group): s for s in specs}
+    names = sorted({s.stream for s in specs} | set(Stream.objects.values_list("name", flat=True)))
+    timeout = get_settings()["PENDING_TIMEOUT_MS"]
+
+    pipe = conn.pipeline(transaction=False)
+    for name in names:
+        pipe.type(name)
+        pipe.xlen(keys.dead_letter_key(name))
+    replies = pipe.execute()
+    infos = {}
+    pipe = conn.pipeline(transaction=False)
+    live = [n for n, kind in zip(names, replies[0::2]) if _text(kind) == "stream"]
+    for name in live:
+        pipe.xinfo_stream(name)
+        pipe.xinfo_groups(name)
+    for name, stream_info, groups in zip(live, *[iter(pipe.execute())] * 2):
+        infos[name] = (stream_info, groups)
+    dlq_lengths = dict(zip(names, replies[1::2]))
+
+    stale = _stale_pending(conn, infos, timeout)
+    rows = []
+    for name in names:
+        stream_info, groups = infos.get(name, ({}, []))
+        defaults = {
+            "length": stream_info.get("length", 0),
+            "groups": len(groups),
+            "dead_letters": dlq_lengths[name],
+            "last_id": _text(stream_info.get("last-generated-id") or ""),
+            "exists": name in infos,
+            "synced_at": now,
+        }
+        with transaction.atomic():
+            stream, _ = Stream.objects.update_or_create(name=name, defaults=defaults)
+            seen = []
+            for info in groups:
+                group = _text(info["name"])
+                spec = by_group.get((name, group))
+                seen.append(group)
+                ConsumerGroup.objects.update_or_create(stream=stream, name=group, defaults={
+                    "lag": info.get("lag"),
+                    "pending": info["pending"],
+                    "stale_pending": stale.get((name, group), 0),
+                    "consumers": info["consumers"],
+                    "last_delivered_id": _text(info["last-delivered-id"]),
+                    "entries_read": info.get("entries-read"),
+                    "handler": spec.handler_path if spec else "",
+                    "max_deliveries": spec.max_deliveries if spec else None,
+                    "synced_at": now,
+                })
+            stream.consumer_groups.exclude(name__in=seen).delete()
+        sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
+        rows.append(stream)
+    return rows
+
+
+def _stale_pending(conn, infos, timeout_ms):
+    """(stream, group) -> pending entries idle past the timeout, counted up to STALE_PENDING_CAP."""
+    asked = [(name, _text(g["name"])) for name, (_, groups) in infos.items() for g in groups if g["pending"]]
+    if not asked:
+        return {}
+    pipe = conn.pipeline(transaction=False)
+    for name, group in asked:
+        pipe.xpending_range(name, group, min="-", max="+", count=STALE_PENDING_CAP, idle=timeout_ms)
+    return {pair: len(rows) for pair, rows in zip(asked, pipe.execute(raise_on_error=False))
+            if not isinstance(rows, Exception)}
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+def dead_letter_row(stream, entry_id, fields, now):
+    from streams_app.models import DeadLetter
+
+    fields = {_text(k): _text(v) for k, v in fields.items()}
+    failed_at = fields.get("failed_at", "")
+    deliveries = fields.get("deliveries", "")
+    error = fields.get("error", "")
+    from streams_app.deadletters.store import METADATA_FIELDS
+
+    return DeadLetter(
+        stream=stream,
+        entry_id=_text(entry_id),
+        origin_id=fields.get("origin_id", ""),
+        group=fields.get("group", ""),
+        consumer=fields.get("consumer", ""),
+        deliveries=int(deliveries) if deliveries.isdigit() else None,
+        error=error,
+        error_type=error_type(error)[:200],
+        traceback=fields.get("traceback", ""),
+        failed_at=ms_to_datetime(failed_at) if failed_at.isdigit() else None,
+        payload=fields.get("payload", fields.get("data", "")),
+        fields={k: v for k, v in fields.items() if k not in METADATA_FIELDS},
+        synced_at=now,
+    )
+
+
+def sync_dead_letters(stream, conn=None, now=None, limit=None):
+    """Copy dead letters past ``stream.dlq_cursor`` (about ``limit`` at most); drop rows whose entry left the DLQ."""
+    from streams_app.models import DeadLetter
+
+    conn = conn or get_connection()
+    now = now or dj_timezone.now()
+    key = keys.dead_letter_key(stream.name)
+    cursor = stream.dlq_cursor
+    newest = conn.xrevrange(key, max="+", min="-", count=1)
+    if not newest or _id_key(_text(newest[0][0])) < _id_key(cursor):
+        cursor = "0-0"  # the DLQ is empty or was recreated: nothing past the old cursor exists
+    copied = 0
+    while newest:
+        page = conn.xrange(key, min="(" + cursor, max="+", count=DLQ_PAGE)
+        if not page:
+            break
+        DeadLetter.objects.bulk_create([dead_letter_row(stream.name, i, f, now) for i, f in page],
+                                       ignore_conflicts=True)
+        copied += len(page)
+        cursor = _text(page[-1][0])
+        if len(page) < DLQ_PAGE or (limit is not None and copied >= limit):
+            break
+    if cursor != stream.dlq_cursor:
+        stream.dlq_cursor = cursor
+        stream.save(update_fields=["dlq_cursor"])
+    prune_dead_letters(stream.name, conn=conn)
+    return copied
+
+
+def prune_dead_letters(stream, conn=None):
+    """Delete DeadLetter rows whose entry is no longer in Redis. Every entry up to the cursor has a
+    row, so equal counts mean nothing to prune; only a difference costs an id-by-id check."""
+    from streams_app.models import DeadLetter
+
+    conn = conn or get_connection()
+    key = keys.dead_letter_key(stream)
+    rows = DeadLetter.objects.filter(stream=stream)
+    if rows.count() <= conn.xlen(key):
+        return 0
+    gone = []
+    ids = list(rows.values_list("entry_id", flat=True))
+    for start in range(0, len(ids), DLQ_PAGE):
+        batch = ids[start : start + DLQ_PAGE]
+        pipe = conn.pipeline(transaction=False)
+        for entry_id in batch:
+            pipe.xrange(key, min=entry_id, max=entry_id)
+        gone += [i for i, found in zip(batch, pipe.execute()) if not found]
+    for start in range(0, len(gone), DLQ_PAGE):
+        DeadLetter.objects.filter(stream=stream, entry_id__in=gone[start : start + DLQ_PAGE]).delete()
+    return len(gone)
+
+
+# -- the whole mirror -------------------------------------------------------------------------
+
+def sync_all(conn=None, now=None, dlq_limit=None):
+    """Sync the streams mirror (and the instances mirror when discovery_app is installed).
+
+    Records the outcome in MirrorState; Redis errors are recorded and raised again.
+    """
+    from streams_app.models import MirrorState
+
+    now = now or dj_timezone.now()
+    state, _ = MirrorState.objects.get_or_create(name=STREAMS_MIRROR)
+    state.attempted_at = now
+    try:
+        sync_streams(conn=conn, now=now, dlq_limit=dlq_limit)
+        if apps.is_installed("discovery_app"):
+            from discovery_app.sync import sync_instances
+
+            sync_instances(now=now)
+    except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
+        state.error = f"{type(exc).__name__}: {exc}"
+        state.save()
+        raise
+    state.synced_at = now
+    state.error = ""
+    state.save()
+    return state
+
+
+def try_sync(conn=None):
+    """Sync for a page that is opening: never fails the page; returns the MirrorState to show."""
+    from streams_app.models import MirrorState
+
+    try:
+        return sync_all(conn=conn, dlq_limit=PAGE_DLQ_LIMIT)
+    except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
+        logger.warning("Admin: could not sync the mirror from Redis (%s); showing the last copy", exc)
+    except DatabaseError as exc:
+        # Two syncs creating the same row at once (another page, the daemon): the other one wins.
+        logger.warning("Admin: could not store the mirror (%s); showing the last copy", exc)
+    return MirrorState.objects.filter(name=STREAMS_MIRROR).first()

@@ -1,0 +1,303 @@
+"""The control room: streams, consumer groups (with their pending entries) and dead letters.
+
+The models mirror Redis (streams_app/admin/mirror.py); every page syncs them when it opens and says how
+old its numbers are. Mutating actions go to Redis, never to the rows alone; each has a permission
+of its own, a confirmation page, and a LogEntry per object. Views too big for here live in
+admin_views.py.
+"""
+import json
+from itertools import groupby
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, DELETION
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
+
+from streams_app import keys
+
+from streams_app.admin import views as admin_views
+
+from streams_app.admin import mirror
+from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
+from streams_app.admin.charts import group_chart
+from streams_app.connection import get_connection
+from streams_app.exceptions import ReplayError
+from streams_app.models import ConsumerGroup, DeadLetter, Stream
+from streams_app.deadletters.replay import replay
+
+# Dead letters per replay / delete call: one script run stays short however many are selected.
+ACTION_BATCH = 200
+CONFIRM_LISTED = 100
+CHART_HOURS = (1, 6, 24, 168)
+
+
+class StreamsMirrorAdmin(MirrorAdmin):
+    def sync(self, request):
+        return mirror.try_sync()
+
+
+@admin.register(Stream)
+class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
+    list_display = ("name", "length", "groups", "dead_letters_link", "last_id", "exists", "synced_at")
+    list_filter = ("exists",)
+    search_fields = ("name",)
+    fields = ("name", "length", "groups", "dead_letters", "last_id", "exists", "dlq_cursor", "synced_at")
+    readonly_fields = fields
+
+    @admin.display(description="dead letters", ordering="dead_letters")
+    def dead_letters_link(self, obj):
+        url = reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": obj.name})
+        return format_html('<a href="{}">{}</a>', url, obj.dead_letters)
+
+
+@admin.register(ConsumerGroup)
+class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
+    list_display = ("name", "stream", "lag", "pending_link", "stale_pending", "consumers", "dead_letters",
+                    "last_delivered_id", "entries_read", "handler", "max_deliveries")
+    list_filter = ("stream", ("handler", admin.EmptyFieldListFilter))
+    search_fields = ("name", "stream__name", "handler")
+    list_select_related = ("stream",)
+    fields = ("stream", "name", "lag", "pending", "stale_pending", "consumers", "last_delivered_id", "entries_read",
+              "handler", "max_deliveries", "synced_at")
+    readonly_fields = fields
+    change_form_template = "admin/streams_app/consumergroup/change_form.html"
+
+    def has_claim_permission(self, request):
+        return request.user.has_perm("streams_app.claim_pending")
+
+    def has_ack_permission(self, request):
+        return request.user.has_perm("streams_app.ack_pending")
+
+    def has_deadletter_permission(self, request):
+        return request.user.has_perm("streams_app.deadletter_pending")
+
+    @admin.display(description="dead letters", ordering="stream__dead_letters")
+    def dead_letters(self, obj):
+        return obj.stream.dead_letters
+
+    @admin.display(description="pending", ordering="pending")
+    def pending_link(self, obj):
+        url = reverse("admin:streams_app_consumergroup_pending", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.pending)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/pending/", view(self.pending_view), name="streams_app_consumergroup_pending"),
+            *super().get_urls(),
+        ]
+
+    @redis_unreachable_is_a_message
+    def pending_view(self, request, object_id):
+        return admin_views.pending_entries(self, request, object_id)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        mirror = self.sync(request)
+        group = self.get_object_or_404(request, object_id)
+        try:
+            hours = int(request.GET.get("hours", 6))
+        except ValueError:
+            hours = 6
+        hours = hours if hours in CHART_HOURS else 6
+        context = {
+            "mirror": mirror,
+            "consumers": admin_views.group_consumers(group),
+            "chart": mark_safe(group_chart(group.stream.name, group.name, hours=hours)),  # built from escaped parts
+            "hours": hours,
+            "hour_choices": CHART_HOURS,
+            "pending_url": reverse("admin:streams_app_consumergroup_pending", args=[group.pk]),
+            "dead_letters_url": reverse("admin:streams_app_deadletter_changelist")
+            + "?" + urlencode({"stream": group.stream.name, "group": group.name}),
+        }
+        return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
+
+
+class ErrorTypeFilter(admin.SimpleListFilter):
+    title = "error type"
+    parameter_name = "error_type"
+
+    def lookups(self, request, model_admin):
+        types = DeadLetter.objects.order_by("error_type").values_list("error_type", flat=True).distinct()
+        return [(t, t) for t in types[:50]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(error_type=self.value()) if self.value() else queryset
+
+
+class ValueFilter(admin.SimpleListFilter):
+    """Filter on the distinct values of one column (few streams and groups, many rows)."""
+
+    field = None
+
+    def lookups(self, request, model_admin):
+        values = DeadLetter.objects.order_by(self.field).values_list(self.field, flat=True).distinct()
+        return [(v, v) for v in values[:100]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class StreamFilter(ValueFilter):
+    title = parameter_name = field = "stream"
+
+
+class GroupFilter(ValueFilter):
+    title = parameter_name = field = "group"
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
+    list_display = ("entry_id", "stream", "group", "short_error", "deliveries", "failed_at", "payload_preview")
+    list_filter = (StreamFilter, GroupFilter, ErrorTypeFilter, "failed_at")
+    search_fields = ("payload", "error", "origin_id", "entry_id")
+    date_hierarchy = "failed_at"
+    actions = ("replay_selected", "delete_selected_dead_letters")
+    fields = ("stream", "entry_id", "origin_id", "group", "consumer", "deliveries", "failed_at", "error",
+              "pretty_payload", "pretty_traceback", "other_fields", "synced_at")
+    readonly_fields = fields
+    change_form_template = "admin/streams_app/deadletter/change_form.html"
+
+    def has_replay_permission(self, request):
+        return request.user.has_perm("streams_app.replay_deadletter")
+
+    def has_delete_deadletter_permission(self, request):
+        return request.user.has_perm("streams_app.delete_deadletter")
+
+    def gone_message(self, count):
+        return (f"{count} of the selected dead letters are gone: replayed or deleted by someone else meanwhile. "
+                "Nothing was done to them.")
+
+    # -- columns ----------------------------------------------------------------------------
+
+    @admin.display(description="error")
+    def short_error(self, obj):
+        return obj.error[:60] + ("…" if len(obj.error) > 60 else "")
+
+    @admin.display(description="payload")
+    def payload_preview(self, obj):
+        return format_html("<code>{}</code>", obj.payload[:60] + ("…" if len(obj.payload) > 60 else ""))
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj):
+        return format_html('<pre class="shoal-json">{}</pre>', pretty_json(obj.payload))
+
+    @admin.display(description="traceback")
+    def pretty_traceback(self, obj):
+        return format_html('<pre class="shoal-traceback">{}</pre>', obj.traceback or "(none recorded)")
+
+    @admin.display(description="other fields")
+    def other_fields(self, obj):
+        extra = {k: v for k, v in obj.fields.items() if k not in ("payload", "data")}
+        return format_html("<pre>{}</pre>", json.dumps(extra, indent=2, ensure_ascii=False)) if extra else "-"
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/replay/", view(self.replay_edited_view), name="streams_app_deadletter_replay"),
+            *super().get_urls(),
+        ]
+
+    @redis_unreachable_is_a_message
+    def replay_edited_view(self, request, object_id):
+        return admin_views.replay_edited(self, request, object_id)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        letter = self.get_object_or_404(request, object_id)
+        context = {
+            "can_replay": self.has_replay_permission(request),
+            "replay_url": reverse("admin:streams_app_deadletter_replay", args=[letter.pk]),
+        }
+        return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _confirm(self, request, queryset, action, title, warning):
+        select_across = request.POST.get("select_across") == "1"
+        listed = list(queryset[:CONFIRM_LISTED])
+        items = [f"{d.stream} {d.entry_id} — group {d.group}: {d.error[:100]}" for d in listed]
+        ids = [listed[0].pk] if select_across and listed else [d.pk for d in queryset]
+        return confirmation(request, self, title=title, action=action, items=items, warning=warning, ids=ids,
+                            select_across=select_across, count=queryset.count())
+
+    @admin.action(permissions=["replay"], description="Replay selected dead letters to their group")
+    def replay_selected(self, request, queryset):
+        if not request.POST.get("post"):
+            return self._confirm(request, queryset, "replay_selected", "Replay dead letters",
+                                 "Each goes back to its origin stream for the group that failed it only.")
+        replayed, gone = 0, 0
+        for (stream, group), batch in _batches(queryset):
+            by_entry = {d["entry_id"]: d for d in batch}
+            try:
+                result = replay(stream, group, ids=list(by_entry))
+            except ReplayError as exc:
+                self.message_user(request, f"{stream}:{group}: {exc}", messages.ERROR)
+                continue
+            log_actions(request, DeadLetter, [
+                (by_entry[old]["pk"], f"{stream} {old}", f"Replayed to group {group} of {stream} as entry {new}")
+                for old, new in result.replayed
+            ], CHANGE)
+            replayed += len(result.replayed)
+            gone += len(result.skipped)
+            DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
+        _report(self, request, replayed, gone, "Replayed")
+        mirror.try_sync()
+
+    @admin.action(permissions=["delete_deadletter"], description="Delete selected dead letters")
+    def delete_selected_dead_letters(self, request, queryset):
+        if not request.POST.get("post"):
+            return self._confirm(request, queryset, "delete_selected_dead_letters", "Delete dead letters",
+                                 "Deleted dead letters are gone from Redis for good: they cannot be replayed.")
+        conn = get_connection()
+        deleted, gone = 0, 0
+        for (stream, _group), batch in _batches(queryset):
+            pipe = conn.pipeline(transaction=False)
+            for d in batch:
+                pipe.xdel(keys.dead_letter_key(stream), d["entry_id"])
+            outcomes = pipe.execute()
+            log_actions(request, DeadLetter, [
+                (d["pk"], f"{stream} {d['entry_id']}", f"Deleted dead letter {d['entry_id']} of {stream}")
+                for d, n in zip(batch, outcomes) if n
+            ], DELETION)
+            deleted += sum(outcomes)
+            gone += len(batch) - sum(outcomes)
+            DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
+        _report(self, request, deleted, gone, "Deleted")
+        mirror.try_sync()
+
+
+def _batches(queryset):
+    """((stream, group), [row dicts]) in batches of ACTION_BATCH, streaming through thousands of rows."""
+    rows = queryset.order_by("stream", "group", "pk").values("pk", "stream", "group", "entry_id")
+    # Read up front: the batches delete their rows as they go.
+    for key, same in groupby(list(rows), key=lambda d: (d["stream"], d["group"])):
+        batch = []
+        for row in same:
+            batch.append(row)
+            if len(batch) == ACTION_BATCH:
+                yield key, batch
+                batch = []
+        if batch:
+            yield key, batch
+
+
+def _report(model_admin, request, done, gone, verb):
+    if done:
+        model_admin.message_user(request, f"{verb} {done} dead letter{'s' if done != 1 else ''}.", messages.SUCCESS)
+    if gone:
+        model_admin.message_user(
+            request,
+            f"{gone} dead letter{'s were' if gone != 1 else ' was'} no longer in Redis: replayed or deleted by "
+            "someone else meanwhile. Nothing was done to them.",
+            messages.WARNING,
+        )
+
+
+def pretty_json(text):
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return text

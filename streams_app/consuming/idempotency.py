@@ -1,0 +1,128 @@
+"""Idempotency guards: a duplicate delivery of a handled message is acked without running the handler.
+
+``idempotent="redis"``: before a chunk runs, one pipelined ``SET key running NX GET PX <pending
+timeout>`` per message; an existing ``done`` means a duplicate (acked unseen), an existing
+``running`` means another consumer is handling the same key right now (the entry fails and is
+retried after its back-off). After the chunk, ``done`` is set with IDEMPOTENCY_TTL for successes
+and the guard is deleted for failures, so retries run. The running mark expires with the pending
+timeout, so a worker killed mid-handler does not block its message forever. Two round trips per
+chunk; fast, but effects in other systems may still happen twice if a worker dies after them.
+
+``idempotent="db"``: a ProcessedMessage row (unique stream, group, key) is inserted in the same
+transaction as the handler's own ORM writes. If the worker dies after the commit and before the
+ack, the redelivery finds the row and is acked unseen: the handler's database effects happen
+exactly once. A concurrent duplicate waits on the unique index and then finds the row.
+"""
+import hashlib
+
+from django.db import IntegrityError, transaction
+
+from streams_app import keys
+
+RUNNING = "running"
+DONE = "done"
+
+
+class DuplicateInFlight(Exception):
+    """Another consumer is handling a message with the same key right now."""
+
+
+def message_key(message):
+    key = message.key or message.id
+    if len(key) > 200:
+        # Keys are free text from producers; keep the Redis key and the DB column bounded.
+        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key
+
+
+class RedisGuard:
+    # Consumers the read loop has found dead (streams_app.consuming.loop._claim_from_dead); their marks
+    # are leftovers. Replaced, never mutated, so handler threads read it without a lock.
+    confirmed_dead = frozenset()
+
+    def __init__(self, conn, stream, group, running_ms, ttl):
+        self.conn = conn
+        self.stream = stream
+        self.group = group
+        self.running_ms = running_ms
+        self.ttl = ttl
+
+    def _key(self, message):
+        return keys.idempotency_key(self.stream, self.group, message_key(message))
+
+    def begin(self, messages):
+        """Split into (to run, duplicates to ack, [(message, DuplicateInFlight)])."""
+        pipe = self.conn.pipeline(transaction=False)
+        for message in messages:
+            pipe.set(self._key(message), f"{RUNNING}:{message.consumer}:{message.id}", nx=True, get=True, px=self.running_ms)
+        to_run, duplicates, busy = [], [], []
+        mine = []
+        for message, previous in zip(messages, pipe.execute()):
+            previous = previous.decode() if isinstance(previous, bytes) else previous
+            if previous is None:
+                to_run.append(message)
+            elif previous == DONE:
+                duplicates.append(message)
+            elif self._left_over(previous, message):
+                # A mark for this very entry, left by this consumer (a chunk handed back, a failed
+                # "done" write) or by a consumer known dead: nobody else is running it.
+                to_run.append(message)
+                mine.append(message)
+            else:
+                busy.append((message, DuplicateInFlight(f"key {message_key(message)!r} is being handled by {previous.split(':', 1)[-1]}")))
+        if mine:
+            pipe = self.conn.pipeline(transaction=False)
+            for message in mine:
+                pipe.set(self._key(message), f"{RUNNING}:{message.consumer}:{message.id}", px=self.running_ms)
+            pipe.execute()
+        return to_run, duplicates, busy
+
+    def _left_over(self, mark, message):
+        prefix, _, entry_id = mark.rpartition(":")
+        holder = prefix.partition(":")[2]
+        return entry_id == message.id and (holder == message.consumer or holder in self.confirmed_dead)
+
+    def call(self, handler, message):
+        handler(message)
+        return True
+
+    def end(self, succeeded, failed):
+        if not succeeded and not failed:
+            return
+        pipe = self.conn.pipeline(transaction=False)
+        for message in succeeded:
+            pipe.set(self._key(message), DONE, ex=self.ttl)
+        for message in failed:
+            pipe.delete(self._key(message))
+        pipe.execute()
+
+
+class DbGuard:
+    def begin(self, messages):
+        return messages, [], []
+
+    def call(self, handler, message):
+        """Run ``handler`` in a transaction with the ProcessedMessage row; False for a duplicate."""
+        from streams_app.models import ProcessedMessage
+
+        with transaction.atomic():
+            try:
+                with transaction.atomic():
+                    ProcessedMessage.objects.create(
+                        stream=message.stream, group=message.group, key=message_key(message), entry_id=message.id,
+                    )
+            except IntegrityError:
+                return False
+            handler(message)
+        return True
+
+    def end(self, succeeded, failed):
+        pass
+
+
+def make_guard(spec, conn, config):
+    if spec.idempotent == "redis":
+        return RedisGuard(conn, spec.stream, spec.group, config["PENDING_TIMEOUT_MS"], config["IDEMPOTENCY_TTL"])
+    if spec.idempotent == "db":
+        return DbGuard()
+    return None

@@ -1,0 +1,42 @@
+"""Consumer liveness: each consumer process renews a deadline per stream it reads.
+
+``{stream}:consumers`` is a hash of consumer name -> deadline (ms on the Redis clock). A worker
+renews it every CONSUMER_TTL / 3 and removes it on a clean exit. A name whose deadline has
+passed belongs to a process that died (SIGKILL, OOM, lost host): its pending entries can be
+taken over at once instead of after PENDING_TIMEOUT_MS. Consumers that never wrote a deadline
+(older deployments, other clients) are not judged: for them the pending timeout still rules.
+"""
+from streams_app import keys, scripts
+
+
+def reader_client_name(consumer):
+    """CLIENT SETNAME of a consumer's blocking-read connections (streams_app.consuming.worker)."""
+    return f"shoal-reader:{consumer}"
+
+
+def liveness_key(stream):
+    return f"{keys.hash_tag(stream)}:consumers"
+
+
+def beat(conn, streams, consumer, ttl_ms, pipeline=None):
+    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
+    for stream in streams:
+        scripts.run(conn, "liveness_beat", [liveness_key(stream)], [consumer, int(ttl_ms), ""], pipeline=pipe)
+    if pipeline is None:
+        pipe.execute()
+
+
+def forget(conn, streams, consumer, pipeline=None, names=()):
+    """Drop the deadline of ``consumer`` (and of ``names``): a clean exit, or a consumer removed."""
+    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
+    for stream in streams:
+        for name in ([consumer] if consumer else []) + list(names):
+            scripts.run(conn, "liveness_beat", [liveness_key(stream)], [name, 0, "forget"], pipeline=pipe)
+    if pipeline is None:
+        pipe.execute()
+
+
+def dead_consumers(conn, stream):
+    """Names on ``stream`` whose deadline has passed."""
+    return {name.decode() if isinstance(name, bytes) else name
+            for name in scripts.run(conn, "liveness_dead", [liveness_key(stream)], [])}

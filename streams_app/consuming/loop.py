@@ -1,0 +1,425 @@
+"""The read loop of one consumer group inside one worker process.
+
+One pass of the loop is ``tick()``: collect finished handlers, ack them in one XACK, record
+failures (last errors, dead-letter moves) in one pipeline, then either take over entries (this
+consumer's own failed ones whose back-off has passed, and entries abandoned by other consumers)
+or read new entries (XREADGROUP ``>``), and hand them to the handler threads. Reads are sized by
+free handler slots, so a worker never hoards entries it cannot start soon: hoarded entries would
+look abandoned to other consumers after the pending timeout and be handled twice.
+
+Retries: a failed entry stays pending and goes on a heap keyed by when its back-off ends; it is
+redelivered with XCLAIM by this consumer then. Entries of other consumers are found with
+XPENDING ... IDLE (idle time and delivery count) and claimed only when idle past both the pending
+timeout and their back-off, so a message that kills its worker is not retried in a hot loop.
+At max_deliveries, or at once for undecodable input, an entry is moved to ``{S}:dlq``.
+"""
+import heapq
+import logging
+import queue
+import random
+import time
+
+import redis
+
+from streams_app import scripts
+
+from streams_app.deadletters import store as deadletters
+
+from streams_app.consuming import liveness
+
+from streams_app.metrics import consumer as metrics
+from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.consuming.chunks import POISON, run_chunk
+from streams_app.consuming.groups import ensure_group, is_nogroup
+from streams_app.consuming.idempotency import make_guard
+from streams_app.keys import dead_letter_key
+from streams_app.message import Message
+from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
+
+logger = logging.getLogger("streams_app.consumer")
+
+# When handlers are in flight a read blocks only briefly, so their acks are not held back.
+BUSY_BLOCK_MS = 50
+# Aim for chunks of about this much handler time: big enough to amortise the hand-off to a
+# thread for fast handlers, one message at a time for slow ones.
+CHUNK_TARGET_SECONDS = 0.005
+# Pending entries looked at per XPENDING page while searching for abandoned ones.
+PENDING_PAGE = 200
+# Dead consumers whose entries one claim pass looks at (the rest wait for the next pass).
+DEAD_CONSUMERS_PER_PASS = 10
+
+
+def _str(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class GroupLoop:
+    def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic):
+        self.spec = spec
+        self.stream = spec.stream
+        self.group = spec.group
+        self.consumer = consumer
+        self.conn = conn
+        self.reader = reader
+        self.executor = executor
+        self.shutdown = shutdown
+        self.clock = clock
+        self.batch = spec.batch or config["BATCH_SIZE"]
+        self.block_ms = config["BLOCK_MS"]
+        self.pending_timeout_ms = config["PENDING_TIMEOUT_MS"]
+        self.claim_interval = config["CLAIM_INTERVAL_MS"] / 1000
+        self.backoff_max = config["RECONNECT_BACKOFF_MAX"]
+        self.max_deliveries = spec.max_deliveries
+        self.retry_base, self.retry_cap = backoff_policy(spec, config)
+        self.error_ttl = config["ERROR_TTL"]
+        self.guard = make_guard(spec, conn, config)
+        # A chunk stops starting messages after this long (see run_chunk): well inside the pending
+        # timeout, so finished entries are acked long before anyone could take them over.
+        self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
+        self.slots = 2 * threads
+        self.max_chunk = max(1, -(-self.batch // threads))
+        self.chunk_size = 1
+        self.seconds_per_message = None
+
+        self.chunks = {}  # future -> the messages it is handling
+        self.completions = queue.SimpleQueue()
+        self.to_ack = []
+        self.ready = False
+        self.next_claim = 0.0
+        self.claim_cursor = None  # XPENDING scan for abandoned entries in progress
+        self.retries = []  # heap of (due, entry id, deliveries so far) of this consumer's failed entries
+        self.errors = []  # (id, error, traceback) to record as last errors
+        self.to_dead_letter = []  # (id, error, traceback) to move to the dead-letter stream
+        self.dead_lettered = 0
+        self.reading = False  # inside a blocking XREADGROUP (shutdown unblocks it)
+        self.failures = 0
+        self.handled = 0
+        self.consumer_ttl = config["CONSUMER_TTL"]
+        self.judge_dead_after = 0.0  # see _claim_from_dead
+
+    @property
+    def busy_chunks(self):
+        return len(self.chunks)
+
+    @property
+    def in_flight(self):
+        """Ids handed to handler threads and not yet collected (built on demand: off the hot path)."""
+        return {m.id for chunk in self.chunks.values() for m in chunk}
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self):
+        while not self.shutdown.is_set():
+            self.step()
+        self.drain()
+
+    def step(self):
+        """One pass that survives Redis trouble: back off on connection errors, remake a lost group."""
+        try:
+            self.tick()
+            self._redis_ok()
+        except TRANSIENT_ERRORS as exc:
+            self._redis_down(exc)
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            # Redis lost the group (restart without persistence, FLUSHALL): make it again.
+            logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it", self.consumer, self.group, self.stream, exc)
+            self.ready = False
+
+    def tick(self, now=None):
+        now = self.clock() if now is None else now
+        if not self.ready:
+            if ensure_group(self.conn, self.stream, self.group, self.spec.start):
+                logger.info("Consumer %s: created group %s on %s", self.consumer, self.group, self.stream)
+            self.ready = True
+        self.collect()
+        self.flush_acks()
+        self.flush_failures()
+        free = self.slots - self.busy_chunks
+        if self.busy_chunks and free < max(1, self.slots // 2):
+            self.collect(timeout=min(1.0, self.block_ms / 1000))
+            self.flush_acks()
+            self.flush_failures()
+            return
+        capacity = min(self.batch, free * self.chunk_size)
+        next_retry = self.retries[0][0] if self.retries else float("inf")
+        if self.claim_cursor is not None or now >= self.next_claim or now >= next_retry:
+            entries = self.take_over(capacity, now)
+            if entries:
+                self.dispatch(entries)
+                return
+        if self.busy_chunks:
+            block = BUSY_BLOCK_MS
+        else:
+            block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
+        self.dispatch(self.read_new(capacity, block))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read_new(self, count, block_ms):
+        self.reading = True
+        try:
+            if self.shutdown.is_set():
+                return []
+            reply = self.reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        finally:
+            self.reading = False
+        return [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
+
+    def take_over(self, capacity, now):
+        """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
+        entries = self._due_retries(capacity, now)
+        if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
+            entries += self._claim_from_dead(capacity - len(entries), now)
+        if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
+            entries += self._claim_abandoned(capacity - len(entries), now)
+        return entries
+
+    def _claim_from_dead(self, room, now):
+        """Entries of consumers known dead: no pending timeout to wait, only their retry back-off.
+
+        Dead means both: its liveness deadline lapsed, and no connection of it is left on the
+        server (CLIENT LIST; a killed process's sockets close, a frozen or paused one's do not).
+        Right after this loop itself reconnected, nobody is judged: every deadline lapsed while
+        Redis was away and the others may not have reconnected yet. Entries over their delivery
+        limit are left to the pending-timeout path, which knows they are idle.
+        """
+        if now < self.judge_dead_after:
+            return []
+        lapsed = liveness.dead_consumers(self.conn, self.stream) - {self.consumer}
+        if not lapsed:
+            return []
+        summary = self.conn.xpending(self.stream, self.group)
+        holders = {_str(c["name"]) for c in summary.get("consumers") or ()}
+        candidates = lapsed & holders
+        if not candidates:
+            return []
+        connected = {c.get("name") for c in self.conn.client_list()}
+        dead = sorted(n for n in candidates if liveness.reader_client_name(n) not in connected)
+        if self.guard is not None:
+            self.guard.confirmed_dead = frozenset(dead)
+        entries = []
+        in_flight = self.in_flight
+        for name in dead[:DEAD_CONSUMERS_PER_PASS]:
+            rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=room - len(entries),
+                                            consumername=name)
+            wanted = {}
+            for row in rows:
+                entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]
+                if entry_id in in_flight or deliveries >= self.max_deliveries:
+                    continue
+                if row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
+                    wanted[entry_id] = deliveries
+            if wanted:
+                min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
+                claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
+                got = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+                if got:
+                    logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
+                                self.consumer, len(got), name, self.stream, self.group)
+                entries += got
+            if len(entries) >= room:
+                break
+        return entries
+
+    def _due_retries(self, capacity, now):
+        due = []
+        while self.retries and self.retries[0][0] <= now and len(due) < capacity:
+            due.append(heapq.heappop(self.retries)[1:])
+        if not due:
+            return []
+        # XCLAIM to itself redelivers (and counts) one entry. Its min idle is most of the back-off:
+        # had another consumer claimed the entry meanwhile, its idle time would have been reset.
+        pipe = self.conn.pipeline(transaction=False)
+        for entry_id, deliveries in due:
+            min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
+            pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
+        entries = []
+        for (entry_id, deliveries), claimed in zip(due, pipe.execute()):
+            # Deleted from the stream: Redis drops it from the PEL and returns nothing.
+            entries.extend((_str(i), f, deliveries + 1) for i, f in claimed if f)
+        return entries
+
+    def _claim_abandoned(self, room, now):
+        """Claim entries of other consumers idle past the pending timeout and their back-off.
+
+        Entries at or over max_deliveries are dead-lettered instead. XCLAIM's own min-idle check
+        makes a race with another consumer safe: the loser's claim returns nothing.
+        """
+        rows = self.conn.xpending_range(
+            self.stream, self.group, min=self.claim_cursor or "-", max="+", count=PENDING_PAGE,
+            idle=self.pending_timeout_ms,
+        )
+        wanted = {}
+        last = None
+        busy_here = None
+        for row in rows:
+            last = _str(row["message_id"])
+            deliveries = row["times_delivered"]
+            if busy_here is None:
+                busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
+            if last in busy_here:
+                # Running or queued here, even if another consumer claimed it from us meanwhile:
+                # claiming it back would run it a second time in this very process.
+                continue
+            # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
+            # chunk was lost) is treated like any abandoned entry.
+            if deliveries >= self.max_deliveries:
+                self.to_dead_letter.append((last, "", ""))  # "" = the error recorded by the failing worker
+            elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
+                wanted[last] = deliveries
+                if len(wanted) >= room:
+                    break
+        self.claim_cursor = "(" + last if last is not None and (len(rows) >= PENDING_PAGE or len(wanted) >= room) else None
+        if self.claim_cursor is None:
+            self.next_claim = now + self.claim_interval
+        if not wanted:
+            return []
+        claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
+        entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+        if entries:
+            logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
+        return entries
+
+    # -- handing to threads and collecting --------------------------------------------------
+
+    def dispatch(self, entries):
+        if not entries:
+            return
+        self._submit([Message(i, self.stream, self.group, f, d, self.consumer) for i, f, d in entries])
+
+    def _submit(self, messages):
+        size = self.chunk_size
+        for start in range(0, len(messages), size):
+            chunk = messages[start : start + size]
+            future = self.executor.submit(run_chunk, self.spec.handler, chunk, self.guard, self.chunk_budget)
+            self.chunks[future] = chunk
+            future.add_done_callback(self.completions.put)
+
+    def collect(self, timeout=0.0):
+        """Take in finished chunks; wait up to ``timeout`` seconds for the first one."""
+        try:
+            future = self.completions.get(timeout=timeout) if timeout else self.completions.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._finish(future)
+            try:
+                future = self.completions.get_nowait()
+            except queue.Empty:
+                return
+
+    def _finish(self, future):
+        chunk = self.chunks.pop(future)
+        try:
+            acked, failed, seconds, left = future.result()
+        except BaseException:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
+            logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
+            for message in chunk:
+                self._schedule_retry(message.id, message.deliveries)
+            return
+        self._adapt_chunk(seconds)
+        self.to_ack.extend(acked)
+        for outcome in failed:
+            self.on_failure(outcome)
+        if left:
+            self._submit(left)  # still ours in the PEL; the smaller chunk size now applies
+
+    def on_failure(self, outcome):
+        """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
+        message = outcome.message
+        poison = outcome.status == POISON
+        error, traceback = deadletters.describe(outcome.error, poison=poison)
+        if poison or message.deliveries >= self.max_deliveries:
+            self.to_dead_letter.append((message.id, error, traceback))
+        else:
+            self.errors.append((message.id, error, traceback))
+            self._schedule_retry(message.id, message.deliveries)
+
+    def _schedule_retry(self, entry_id, deliveries):
+        due = self.clock() + backoff_seconds(deliveries, self.retry_base, self.retry_cap)
+        heapq.heappush(self.retries, (due, entry_id, deliveries))
+
+    def flush_failures(self):
+        """Record last errors and make dead-letter moves in one round trip (failures only: off the hot path)."""
+        if not self.errors and not self.to_dead_letter:
+            return
+        pipe = self.conn.pipeline(transaction=False)
+        deadletters.record_errors(self.conn, self.stream, self.group, self.consumer, self.errors, self.error_ttl, pipeline=pipe)
+        deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
+        replies = pipe.execute()
+        moved = [r for reply in replies[2 * len(self.errors):] for r in reply if r not in (0, b"gone", "gone")]
+        if moved:
+            self.dead_lettered += len(moved)
+            metrics.record_dead_lettered(self.stream, self.group, len(moved))
+            logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(moved),
+                           self.stream, self.group, dead_letter_key(self.stream))
+        self.errors = []
+        self.to_dead_letter = []
+
+    def _adapt_chunk(self, seconds):
+        avg = self.seconds_per_message
+        self.seconds_per_message = seconds if avg is None else 0.8 * avg + 0.2 * seconds
+        ideal = int(CHUNK_TARGET_SECONDS / max(self.seconds_per_message, 1e-7))
+        self.chunk_size = max(1, min(self.max_chunk, ideal))
+
+    def flush_acks(self):
+        if not self.to_ack:
+            return
+        # Ids stay queued until XACK succeeds: an ack lost to a connection error is retried.
+        self.conn.xack(self.stream, self.group, *self.to_ack)
+        self.handled += len(self.to_ack)
+        self.to_ack = []
+
+    # -- stopping and Redis trouble ---------------------------------------------------------
+
+    def drain(self):
+        """Let in-flight handlers finish until the shutdown deadline, acking as they do."""
+        while self.busy_chunks and self.clock() < self.shutdown.deadline:
+            self.collect(timeout=min(0.1, max(0.001, self.shutdown.deadline - self.clock())))
+            self._try_flush()
+        self.collect()
+        while (self.to_ack or self.to_dead_letter) and not self._try_flush() and self.clock() < self.shutdown.deadline:
+            time.sleep(0.1)
+        if self.busy_chunks or self.to_ack:
+            logger.warning("Consumer %s: stopping with %d entries of %s/%s unacknowledged; they stay pending for takeover",
+                           self.consumer, len(self.in_flight) + len(self.to_ack), self.stream, self.group)
+        else:
+            self.leave()
+
+    def leave(self):
+        """Remove this consumer from the group if it holds nothing, so a clean stop leaves no name behind.
+
+        Names are unique per process start: without this, every deploy would leave one per worker
+        until the reclaim daemon's DEAD_CONSUMER_IDLE. A consumer still holding entries (failed ones
+        waiting for their retry) stays until another takes them over and the daemon removes it.
+        """
+        try:
+            left = scripts.run(self.conn, "leave_group", [self.stream], [self.group, self.consumer])
+        except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:  # Redis down, or the group gone with it
+            logger.info("Consumer %s: could not leave %s/%s (%s); the reclaim daemon removes it later",
+                        self.consumer, self.stream, self.group, exc)
+            return False
+        return bool(left)
+
+    def _try_flush(self):
+        try:
+            self.flush_acks()
+            self.flush_failures()
+            return True
+        except TRANSIENT_ERRORS:
+            return False
+
+    def _redis_down(self, exc):
+        self.failures += 1
+        if self.failures == 1:
+            logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
+        delay = min(self.backoff_max, 0.05 * 2 ** min(self.failures, 10))
+        self.shutdown.wait(delay * random.uniform(0.5, 1.0))
+
+    def _redis_ok(self):
+        if self.failures:
+            self.judge_dead_after = self.clock() + self.consumer_ttl
+            logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer, self.failures)
+            self.failures = 0

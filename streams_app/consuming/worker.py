@@ -1,0 +1,200 @@
+"""One consumer process: a read loop per group, a shared pool of handler threads, and signals.
+
+Signal handlers only put the signal on a queue; the main thread acts on it. The first TERM/INT
+stops reading at once (blocked reads are cut short with CLIENT UNBLOCK) and lets in-flight
+handlers finish until the shutdown timeout; the second exits at once. Either way unacknowledged
+entries stay in the group's PEL, where another consumer takes them over.
+"""
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from streams_app import broadcast
+
+from streams_app.consuming import liveness
+from streams_app.conf import get_settings
+from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
+from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.loop import GroupLoop
+from streams_app.consuming.naming import consumer_name
+
+logger = logging.getLogger("streams_app.consumer")
+
+EXIT_OK = 0
+EXIT_CRASH = 1  # a read loop died of an unexpected error: let the supervisor replace the process
+EXIT_FORCED = 2  # second signal: stopped without waiting for handlers
+EXIT_CONFIG = 3  # cannot start as configured: restarting would not help
+
+
+class Shutdown(threading.Event):
+    """Set when the worker stops reading; ``deadline`` is when in-flight handlers are given up on."""
+
+    deadline = float("inf")
+
+
+class Worker:
+    # Supervision hooks (streams_app.supervisor.worker_main): the class of the handler pool, so a supervised worker
+    # can track handler progress, and ``heartbeat(worker)``, called on every pass of ``run()``.
+    executor_class = ThreadPoolExecutor
+
+    def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
+                 clock=time.monotonic, heartbeat=None):
+        config = dict(get_settings())
+        if batch is not None:
+            config["BATCH_SIZE"] = batch
+        if block_ms is not None:
+            config["BLOCK_MS"] = block_ms
+        self.config = config
+        self.specs = list(specs)
+        self.threads = threads or config["THREADS"]
+        self.shutdown_timeout = config["SHUTDOWN_TIMEOUT"] if shutdown_timeout is None else shutdown_timeout
+        self.name = name or consumer_name()
+        self.clock = clock
+        self.shutdown = Shutdown()
+        self.signals = queue.SimpleQueue()
+        self.loops = []
+        self.threads_ = []
+        self.exit_code = EXIT_OK
+        self.stuck = 0  # handler chunks still running after the shutdown timeout
+        self.liveness_due = 0.0
+        self.heartbeat = heartbeat
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def run(self):
+        """Consume until stopped; return the exit code."""
+        self.boot()
+        self.install_signals()
+        # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
+        broadcast.start_listener()
+        logger.info("Consumer %s: started (%s; %d handler threads)", self.name,
+                    ", ".join(s.name for s in self.specs), self.threads)
+        while self.alive():
+            if self.heartbeat is not None:
+                self.heartbeat(self)
+            self.renew_liveness()
+            try:
+                signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else 1.0)
+            except queue.Empty:
+                signum = None
+            if signum is not None:
+                self.handle_signal(signum)
+            self.check_loops()
+            if self.shutdown.is_set():
+                self.unblock_readers()
+        if any(getattr(loop, "crashed", None) is not None for loop in self.loops):
+            self.exit_code = EXIT_CRASH  # also when the last loop died between two checks above
+        self.stuck = sum(loop.busy_chunks for loop in self.loops)
+        self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
+        self.forget_liveness()
+        broadcast.stop_listener()
+        logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(l.handled for l in self.loops))
+        return self.exit_code
+
+    def boot(self):
+        """Create groups up front, so a misconfigured stream fails the start instead of a thread."""
+        conn = get_connection()
+        for spec in self.specs:
+            try:
+                ensure_group(conn, spec.stream, spec.group, spec.start)
+            except TRANSIENT_ERRORS as exc:
+                logger.warning("Consumer %s: Redis unreachable at start (%s); the read loops will keep trying", self.name, exc)
+                break
+        self.executor = self.executor_class(self.threads, thread_name_prefix="shoal-handler")
+        for spec in self.specs:
+            loop = GroupLoop(
+                spec, self.name, conn=conn, reader=dedicated_connection(self.reader_client_name),
+                executor=self.executor, threads=self.threads, shutdown=self.shutdown, config=self.config,
+                clock=self.clock,
+            )
+            thread = threading.Thread(target=self._run_loop, args=(loop,), name=f"shoal-read-{spec.name}", daemon=True)
+            self.loops.append(loop)
+            self.threads_.append(thread)
+            thread.start()
+
+    def renew_liveness(self, now=None):
+        """Renew this consumer's deadline on every stream it reads (every third of CONSUMER_TTL)."""
+        now = self.clock() if now is None else now
+        ttl = self.config["CONSUMER_TTL"]
+        if now < self.liveness_due:
+            return
+        try:
+            liveness.beat(get_connection(), self.streams, self.name, ttl * 1000)
+            self.liveness_due = now + ttl / 3
+        except TRANSIENT_ERRORS:
+            self.liveness_due = now + 1.0  # the read loops report the outage; try again soon
+
+    def forget_liveness(self):
+        # A clean exit is not a death: drop the deadline so nobody takes over what stays pending
+        # before the pending timeout (its entries are unacked because handlers ran out of time).
+        try:
+            liveness.forget(get_connection(), self.streams, self.name)
+        except TRANSIENT_ERRORS:
+            pass  # it lapses by itself
+
+    @property
+    def streams(self):
+        return sorted({spec.stream for spec in self.specs})
+
+    @property
+    def reader_client_name(self):
+        # CLIENT SETNAME forbids spaces; consumer names come from host names, which have none.
+        return liveness.reader_client_name(self.name)
+
+    def _run_loop(self, loop):
+        try:
+            loop.run()
+        except BaseException as exc:
+            loop.crashed = exc
+            logger.exception("Consumer %s: read loop of %s/%s crashed", self.name, loop.stream, loop.group)
+
+    def alive(self):
+        return any(t.is_alive() for t in self.threads_)
+
+    def check_loops(self):
+        for loop in self.loops:
+            if getattr(loop, "crashed", None) is not None and not self.shutdown.is_set():
+                self.exit_code = EXIT_CRASH
+                self.stop(graceful=True)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def install_signals(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signals.put(signum)  # SimpleQueue.put is reentrant: safe in a signal handler
+
+    def handle_signal(self, signum):
+        if self.shutdown.is_set():
+            logger.warning("Consumer %s: second %s, exiting now; unacknowledged entries stay pending",
+                           self.name, signal.Signals(signum).name)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_FORCED)
+        self.stop(graceful=True)
+        logger.info("Consumer %s: %s received, finishing in-flight work (up to %ss)",
+                    self.name, signal.Signals(signum).name, self.shutdown_timeout)
+
+    def stop(self, graceful=True):
+        self.shutdown.deadline = self.clock() + (self.shutdown_timeout if graceful else 0)
+        self.shutdown.set()
+        self.unblock_readers()
+
+    def unblock_readers(self):
+        """Cut short this worker's blocked XREADGROUPs, so nothing is read after the stop."""
+        if not any(loop.reading for loop in self.loops):
+            return
+        try:
+            conn = get_connection()
+            for client in conn.client_list():
+                if client.get("name") == self.reader_client_name and client.get("cmd") == "xreadgroup":
+                    conn.client_unblock(int(client["id"]))
+        except TRANSIENT_ERRORS:
+            pass  # the blocked read ends by itself within BLOCK_MS

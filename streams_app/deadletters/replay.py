@@ -1,0 +1,119 @@
+"""Putting dead letters back on their stream for the one group that failed them.
+
+The replayed entry is a new entry of the origin stream with the original fields plus
+``target_group`` (and ``replay_of``, the original id). Every Shoal loop checks ``target_group``
+before decoding or running anything: loops of other groups ack such an entry without calling
+their handler. The re-publish and the removal from the DLQ are one Lua script.
+"""
+import json
+import re
+from dataclasses import dataclass, field
+
+import redis
+
+from streams_app import keys, scripts
+from streams_app.connection import get_connection
+from streams_app.deadletters.store import get_dead_letters
+from streams_app.exceptions import ReplayError
+from streams_app.consuming.groups import is_wrongtype, key_type
+from streams_app.producer import validate_stream_name
+
+REPLAY_BATCH = 200
+ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+@dataclass
+class ReplayResult:
+    replayed: list = field(default_factory=list)  # (dead-letter id, new stream id); new id None on a dry run
+    skipped: dict = field(default_factory=dict)  # dead-letter id -> why ('missing', 'other-group')
+    dry_run: bool = False
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _override_text(payload_override):
+    if payload_override is None:
+        return ""
+    try:
+        return json.dumps(payload_override, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(f"the payload override is not JSON-serialisable: {exc}") from None
+
+
+def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None):
+    """Replay dead letters of ``group`` (the given ``ids``, or ``all`` of them) onto ``stream``.
+
+    ``payload_override`` (any JSON value) replaces the payload of every replayed entry.
+    ``progress(scanned, total)`` is called after each batch when ``all`` is set.
+    """
+    validate_stream_name(stream)
+    if not isinstance(group, str) or not group:
+        raise ReplayError("a group is needed: replay goes to one group only")
+    if bool(ids) == bool(all):
+        raise ReplayError("give either dead-letter ids or all=True")
+    malformed = [i for i in ids or () if not isinstance(i, str) or not ENTRY_ID.fullmatch(i)]
+    if malformed:
+        raise ReplayError(f"not dead-letter entry ids: {', '.join(map(repr, malformed))}; "
+                          f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")
+    conn = conn or get_connection()
+    try:
+        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress)
+    except redis.ResponseError as exc:
+        if not is_wrongtype(exc):
+            raise
+        kinds = {k: key_type(conn, k) for k in (keys.stream_key(stream), keys.dead_letter_key(stream))}
+        wrong = ", ".join(f"{k!r} holds a {kind}" for k, kind in kinds.items() if kind not in ("stream", "none"))
+        raise ReplayError(f"cannot replay: {wrong}, not a stream. Nothing was replayed; Shoal leaves the key as it is.") from None
+
+
+def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
+    override = _override_text(payload_override)
+    result = ReplayResult(dry_run=dry_run)
+    if ids:
+        ids = list(dict.fromkeys(ids))
+        found = {d.id: d for d in get_dead_letters(stream, ids, conn=conn)}
+        for entry_id in ids:
+            letter = found.get(entry_id)
+            if letter is None:
+                result.skipped[entry_id] = "missing"
+            elif letter.group != group:
+                result.skipped[entry_id] = "other-group"
+        chosen = [i for i in ids if i not in result.skipped]
+        _replay_batch(conn, stream, group, chosen, override, dry_run, result)
+        return result
+    total = conn.xlen(keys.dead_letter_key(stream))
+    # Only what is dead now: a replayed entry that fails again is dead-lettered anew above this
+    # bound, and must not be replayed again by the same call (nor keep it running forever).
+    newest = conn.xrevrange(keys.dead_letter_key(stream), count=1)
+    if not newest:
+        return result
+    last = _text(newest[0][0])
+    scanned = 0
+    cursor = "-"
+    while True:
+        page = conn.xrange(keys.dead_letter_key(stream), min=cursor, max=last, count=REPLAY_BATCH)
+        if not page:
+            break
+        scanned += len(page)
+        cursor = "(" + _text(page[-1][0])
+        mine = [_text(i) for i, f in page if _text(f.get(b"group", f.get("group", b""))) == group]
+        _replay_batch(conn, stream, group, mine, override, dry_run, result)
+        if progress is not None:
+            progress(scanned, max(total, scanned))
+    return result
+
+
+def _replay_batch(conn, stream, group, ids, override, dry_run, result):
+    if not ids:
+        return
+    if dry_run:
+        result.replayed.extend((i, None) for i in ids)
+        return
+    reply = scripts.run(conn, "replay", [keys.stream_key(stream), keys.dead_letter_key(stream)], [group, override, *ids])
+    for entry_id, outcome in zip(ids, map(_text, reply)):
+        if outcome in ("missing", "other-group"):
+            result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile
+        else:
+            result.replayed.append((entry_id, outcome))

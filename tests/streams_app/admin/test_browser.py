@@ -1,0 +1,167 @@
+"""An operator in a real browser: find a failed message by its payload, see why it failed, fix and
+replay it, and see the group recover on its chart.
+
+Playwright drives Debian's chromium (/usr/bin/chromium, from the Makefile's system-deps) against
+pytest-django's live server, which talks to the test's private Redis. A GroupLoop in this process
+is the running consumer that handles the replayed message; Reclaimer passes with an injected clock
+record the snapshots the chart draws. Screenshots go to the test's tmp dir; with
+SHOAL_DOCS_SCREENSHOTS=1 they are also copied to docs/ for the README.
+"""
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from discovery_app.registry import ServiceRegistry
+from streams_app import keys, publish_many
+from streams_app.conf import get_settings
+from streams_app.connection import get_connection
+from streams_app.reclaim import Reclaimer
+from streams_app.registry import select
+from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `make system-deps` installs Debian's chromium")
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
+    # between browser steps are still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Snapshots:
+    """Reclaimer passes at chosen (past) times: each pass stores one GroupSnapshot row per group."""
+
+    def __init__(self, redis, start):
+        self.redis = redis
+        self.at = start
+        self.reclaimer = Reclaimer(select(["jobs:a"]), conn=get_connection(),
+                                   config={**get_settings(), "SNAPSHOT_INTERVAL": 0.001})
+
+    def take(self, minutes_later=5):
+        # The 1 ms "one daemon writes this row" key of the previous pass must have expired.
+        wait_for(lambda: not self.redis.exists("{jobs}:snapshot:a"), timeout=5, what="the snapshot key to expire")
+        self.at += minutes_later * 60
+        assert self.reclaimer.tick(now=self.at).snapshots == 1
+
+
+def operator(live_server):
+    user = User.objects.create_user("operator", password="correct horse battery", is_staff=True)
+    codenames = ["view_stream", "view_consumergroup", "view_deadletter", "replay_deadletter", "view_serviceinstance",
+                 "claim_pending", "ack_pending"]
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_recover(
+        browser, live_server, redis, make_loop, tmp_path):
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    loop = make_loop("jobs:a", RETRY_BACKOFF=0.01, RETRY_BACKOFF_MAX=0.05)
+    handled = lambda: redis.lrange("handled:jobs:a", 0, -1)  # noqa: E731
+
+    # An hour of history: a burst of 300 orders, one of which fails on every delivery.
+    history = Snapshots(redis, start=time.time() - 7 * 300 - 60)  # seven passes, 5 minutes apart
+    redis.xgroup_create("jobs", "a", id="$", mkstream=True)
+    orders = [{"order": 1000 + n, "sku": f"S-{n}"} for n in range(300)]
+    orders[42] = {"order": 1042, "sku": None, "fail": "order 1042 has no sku"}
+    publish_many("jobs", orders)
+    history.take()
+    for done in (100, 200):
+        run_until(loop, lambda: len(handled()) >= done)
+        history.take()
+    run_until(loop, lambda: len(handled()) == 299 and redis.xlen(keys.dead_letter_key("jobs")) == 1)
+    history.take()
+    history.take()
+
+    # Some entries held by a stuck worker, and two registered web instances, for the other pages.
+    publish_many("jobs", [{"order": 2000 + n, "sku": f"T-{n}"} for n in range(3)])
+    redis.xreadgroup("a", "stuck-worker", {"jobs": ">"})
+    registry = ServiceRegistry()
+    registry.register("shoal-web", "10.0.0.11", 8000, {"version": "1.4.0", "zone": "eu-west-1a"})
+    registry.register("shoal-web", "10.0.0.12", 8000, {"version": "1.4.0", "zone": "eu-west-1b", "weight": 2})
+
+    user = operator(live_server)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", "correct horse battery")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#shoal-summary")
+    assert "Dead letters jobs (1)" in " ".join(page.inner_text("#shoal-summary").split())
+    page.screenshot(path=shots / "admin-index.png", full_page=True)
+
+    # Find the failed message by its payload, and see why it failed.
+    page.goto(f"{live_server.url}/admin/streams_app/deadletter/")
+    page.fill("#searchbar", "1042")
+    page.press("#searchbar", "Enter")
+    page.wait_for_selector("#result_list")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1 and "RuntimeError" in rows.first.inner_text()
+    page.screenshot(path=shots / "admin-deadletters.png", full_page=True)
+    rows.first.locator("th a, td a").first.click()
+    page.wait_for_selector("pre.shoal-traceback")
+    assert "asked to fail: order 1042 has no sku" in page.inner_text("pre.shoal-traceback")
+    assert '"sku": null' in page.inner_text("pre.shoal-json")
+    page.screenshot(path=shots / "admin-deadletter.png", full_page=True)
+
+    # Fix the payload, review, replay.
+    page.click("a.shoal-replay-edited")
+    page.fill("#id_payload", json.dumps({"order": 1042, "sku": "S-42"}, indent=2))
+    page.click("input[type=submit]")
+    page.wait_for_selector("text=Are you sure?")
+    page.screenshot(path=shots / "admin-replay-confirm.png", full_page=True)
+    page.click("input[value='Yes, I’m sure']")
+    page.wait_for_selector("ul.messagelist li.success")
+    assert "with the edited payload to group a" in page.inner_text("ul.messagelist")
+    page.screenshot(path=shots / "admin-replayed.png", full_page=True)
+    assert redis.xlen(keys.dead_letter_key("jobs")) == 0
+
+    # The running consumer handles the replayed entry (and only group a was sent it).
+    replayed = [i for i, f in redis.xrange("jobs") if f.get("target_group") == "a"]
+    assert len(replayed) == 1
+    run_until(loop, lambda: replayed[0] in handled() and redis.xpending("jobs", "a")["pending"] == 3)  # acked too
+    history.take()
+    history.take()
+
+    page.goto(f"{live_server.url}/admin/streams_app/consumergroup/")
+    page.locator("#result_list tbody tr").first.locator("a").first.click()
+    page.wait_for_selector("svg.shoal-chart")
+    assert page.locator("svg.shoal-chart polyline[data-series='lag']").count() == 1
+    assert "dead letters 0" in page.locator("svg.shoal-chart").text_content()
+    assert "stuck-worker" in page.inner_text("table.shoal-consumers")
+    page.screenshot(path=shots / "admin-group.png", full_page=True)
+
+    page.click("text=Pending entries")
+    page.wait_for_selector("table.shoal-pending")
+    assert page.locator("table.shoal-pending tbody tr").count() == 3
+    page.screenshot(path=shots / "admin-pending.png", full_page=True)
+
+    page.goto(f"{live_server.url}/admin/discovery_app/serviceinstance/")
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 2
+    page.screenshot(path=shots / "admin-instances.png", full_page=True)
+
+    if os.environ.get("SHOAL_DOCS_SCREENSHOTS"):
+        DOCS.mkdir(exist_ok=True)
+        for shot in shots.glob("admin-*.png"):
+            shutil.copy(shot, DOCS / shot.name)

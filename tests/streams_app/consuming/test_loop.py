@@ -1,0 +1,205 @@
+"""One read loop driven pass by pass (``tick``) against a real Redis, in this process."""
+import time
+
+from streams_app import publish, publish_many
+from streams_app.connection import get_connection
+from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401  (make_loop is a fixture)
+from tests.waiting import wait_for
+
+
+def test_handles_and_acks_in_batches(redis, make_loop):
+    redis.config_resetstat()
+    publish_many("jobs", [{"n": n} for n in range(300)])
+    loop = make_loop(BATCH_SIZE=100)
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 300 and not loop.in_flight and not loop.to_ack)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(e[0] for e in redis.xrange("jobs"))
+    xack_calls = int(redis.info("commandstats")["cmdstat_xack"]["calls"])
+    # One XACK per collected group of chunks, never one per message.
+    assert xack_calls < 300 / 4
+
+
+def test_failure_stays_pending_and_does_not_block_the_rest(redis, make_loop):
+    ids = [publish("jobs", {"fail": "boom"}), publish("jobs", {"n": 1}), publish("jobs", {"n": 2})]
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 2 and not loop.in_flight)
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == ids[1:]  # handler threads finish in any order
+    pending = redis.xpending_range("jobs", "a", "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [ids[0]]
+
+
+def test_poison_payload_does_not_block_the_rest(redis, make_loop):
+    bad = redis.xadd("jobs", {"payload": "{not json"})
+    raw = get_connection()
+    not_utf8 = raw.xadd("jobs", {b"payload": b"\xff\xfe"}).decode()
+    good = publish("jobs", {"n": 1})
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.in_flight)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [good]
+    assert redis.llen("started:jobs:a") == 1  # the handler never saw the poison entries
+    # Poison goes to the dead-letter stream after one delivery, with no retries.
+    run_until(loop, lambda: redis.xlen("{jobs}:dlq") == 2)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+    letters = {f[b"origin_id"].decode(): f for _, f in raw.xrange("{jobs}:dlq")}  # raw: one payload is not UTF-8
+    assert set(letters) == {bad, not_utf8}
+    assert letters[not_utf8][b"payload"] == b"\xff\xfe"  # kept byte for byte
+    assert all(f[b"error"].startswith(b"decode: ") and f[b"deliveries"] == b"1" for f in letters.values())
+
+
+def test_data_field_is_accepted_as_payload(redis, make_loop):
+    entry = redis.xadd("jobs", {"data": '{"from": "seed 004"}'})
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [entry]
+
+
+def test_takes_over_entries_of_a_dead_consumer(redis, make_loop):
+    ids = publish_many("jobs", [{"n": n} for n in range(5)])
+    loop = make_loop(PENDING_TIMEOUT_MS=200, CLAIM_INTERVAL_MS=50)
+    redis.xgroup_create("jobs", "a", id="0")
+    # A consumer that read everything and died.
+    assert len(redis.xreadgroup("a", "ghost", {"jobs": ">"})[0][1]) == 5
+    loop.tick()
+    assert redis.llen("handled:jobs:a") == 0  # not idle long enough yet
+    time.sleep(0.25)  # the entries must age past the pending timeout
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 5 and not loop.to_ack and not loop.in_flight)
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_takeover_reports_deliveries_and_skips_deleted_entries(redis, make_loop):
+    seen = []
+    ids = publish_many("jobs", [{"n": n} for n in range(3)])
+    loop = make_loop(PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=50)
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "ghost", {"jobs": ">"})
+    redis.xdel("jobs", ids[1])
+    time.sleep(0.15)
+    original = loop.spec.handler
+    object.__setattr__(loop.spec, "handler", lambda m: (seen.append((m.id, m.deliveries)), original(m)))
+    try:
+        run_until(loop, lambda: redis.llen("handled:jobs:a") == 2 and not loop.to_ack and not loop.in_flight)
+    finally:
+        object.__setattr__(loop.spec, "handler", original)
+    assert sorted(seen) == [(ids[0], 2), (ids[2], 2)]
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_own_failed_entries_are_retried_at_the_next_claim_pass(redis, make_loop):
+    entry = publish("jobs", {"n": 1})
+    loop = make_loop(CLAIM_INTERVAL_MS=100)
+    calls = []
+    original = loop.spec.handler
+
+    def flaky(message):
+        calls.append(message.deliveries)
+        if len(calls) == 1:
+            raise RuntimeError("first time fails")
+        original(message)
+
+    object.__setattr__(loop.spec, "handler", flaky)
+    try:
+        run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.to_ack and not loop.in_flight)
+    finally:
+        object.__setattr__(loop.spec, "handler", original)
+    assert redis.lrange("handled:jobs:a", 0, -1) == [entry]
+    assert calls == [1, 2]  # reading its own PEL counts as a delivery
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_group_is_recreated_when_redis_loses_it(redis, make_loop):
+    loop = make_loop()
+    loop.tick()
+    redis.flushall()
+    publish("jobs", {"n": 1})
+    wait_for(lambda: (loop.step() or redis.llen("handled:jobs:a") == 1), timeout=10, what="handled after FLUSHALL")
+
+
+def test_a_lost_group_with_a_retry_scheduled_is_recreated_not_a_crash(redis, make_loop):
+    # The retry's XCLAIM goes through a pipeline, whose errors redis-py words differently.
+    publish("jobs", {"fail": "once"})
+    loop = make_loop(RETRY_BACKOFF=0.05)
+    run_until(loop, lambda: loop.retries)
+    redis.flushall()
+    entry = publish("jobs", {"n": 1})
+    wait_for(lambda: (loop.step() or redis.lrange("handled:jobs:a", 0, -1) == [entry]), timeout=10,
+             what="handled after the group was recreated")
+
+
+def test_a_slow_chunk_hands_back_what_it_has_not_started(redis, make_loop):
+    from tests.streams_app.consuming.loops import settled
+
+    ids = publish_many("jobs", [{"n": n, "sleep": 0.02} for n in range(30)])
+    loop = make_loop(threads=1, PENDING_TIMEOUT_MS=1000)  # chunk budget 0.1 s
+    loop.chunk_size = 30  # as if the handler had been fast until now
+    handed_back = []
+    submit = loop._submit
+    loop._submit = lambda messages: (handed_back.append(len(messages)), submit(messages))
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 30 and settled(loop))
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids)  # each exactly once
+    assert handed_back and handed_back[1] < 30, handed_back  # the first chunk stopped early
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_a_clean_stop_removes_the_consumer_from_its_group(redis, make_loop):
+    publish_many("jobs", [{"n": n} for n in range(20)])
+    loop = make_loop(name="leaving")
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 20 and not loop.in_flight)
+    assert [c["name"] for c in redis.xinfo_consumers("jobs", "a")] == ["leaving"]
+    loop.shutdown.set()
+    loop.drain()
+    assert redis.xinfo_consumers("jobs", "a") == []
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+def test_a_consumer_holding_entries_stays_in_its_group_when_it_stops(redis, make_loop):
+    failed = publish("jobs", {"fail": "boom"})
+    loop = make_loop(name="holding")
+    run_until(loop, lambda: loop.retries and not loop.in_flight)  # failed once, waiting for its retry
+    loop.shutdown.set()
+    loop.drain()
+    # Removing it would drop the failed entry from the PEL: it stays for another consumer to take over.
+    [consumer] = redis.xinfo_consumers("jobs", "a")
+    assert consumer["name"] == "holding" and consumer["pending"] == 1
+    assert [p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)] == [failed]
+
+
+def _dead_setup(redis, holder, n=3):
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)
+    ids = publish_many("jobs", [{"n": i} for i in range(n)])
+    redis.xreadgroup("a", holder, {"jobs": ">"})
+    redis.hset("{jobs}:consumers", holder, 1)  # its liveness deadline lapsed long ago
+    return ids
+
+
+def test_a_consumer_whose_deadline_lapsed_but_whose_connection_lives_is_not_taken_over(redis, redis_server, make_loop):
+    # Frozen (SIGSTOP, a GIL-holding handler, a paused VM) rather than dead: its sockets stay open.
+    frozen = redis_server.client(client_name="shoal-reader:frozen")
+    frozen.ping()
+    ids = _dead_setup(redis, "frozen")
+    loop = make_loop(PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # many claim passes
+        loop.tick()
+    assert redis.llen("started:jobs:a") == 0, "took entries from a consumer that is still connected"
+    frozen.close()  # now it is really gone
+    run_until(loop, lambda: sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids))
+
+
+def test_stale_names_do_not_crowd_out_a_dead_consumer_holding_entries(redis, make_loop):
+    redis.hset("{jobs}:consumers", mapping={f"gone-{i:02d}": 1 for i in range(12)})  # dead, holding nothing
+    ids = _dead_setup(redis, "zz-dead")
+    loop = make_loop(PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
+    run_until(loop, lambda: sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted(ids))
+
+
+def test_an_entry_running_here_is_not_claimed_back_from_whoever_took_it(redis, make_loop):
+    entry = publish("jobs", {"n": 1, "sleep": 1.0})
+    loop = make_loop(threads=1, PENDING_TIMEOUT_MS=200, CLAIM_INTERVAL_MS=20, RETRY_BACKOFF=0.01)
+    run_until(loop, lambda: redis.llen("started:jobs:a") == 1)
+    redis.xclaim("jobs", "a", "other", 0, [entry])  # another consumer took it over meanwhile
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and not loop.in_flight)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        loop.tick()
+    assert redis.llen("started:jobs:a") == 1, "this process ran the entry a second time"
