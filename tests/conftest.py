@@ -131,3 +131,46 @@ def run_consumer(redis_server):
     for proc in procs:
         if proc.proc.poll() is None:
             proc.kill()
+
+
+# -- databases that subprocesses reach (tests/databases.py) ------------------------------------
+
+@pytest.fixture(scope="session")
+def _databases(tmp_path_factory):
+    """One migrated database per engine for the whole run, made when a test first asks; dropped at the end."""
+    from tests.databases import PostgresDatabase, PostgresUnavailable, SqliteDatabase
+
+    made, refused = {}, {}
+
+    def get(kind):
+        if kind in refused:
+            pytest.skip(refused[kind])
+        if kind not in made:
+            try:
+                made[kind] = (SqliteDatabase(tmp_path_factory.mktemp("db") / "shoal.sqlite3") if kind == "sqlite"
+                              else PostgresDatabase()).create()
+            except PostgresUnavailable as exc:
+                refused[kind] = f"PostgreSQL tests skipped: {exc}"
+                pytest.skip(refused[kind])
+        return made[kind]
+
+    yield get
+    for database in made.values():
+        database.drop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def process_database(request, _databases):
+    """A migrated database for real processes, on SQLite and on PostgreSQL (one test each), its
+    application tables empty. ``.url`` goes in DATABASE_URL; ``.rows(sql)`` reads it back."""
+    database = _databases(request.param)
+    database.empty()
+    return database
+
+
+@pytest.fixture
+def postgres_database(_databases):
+    """The PostgreSQL database alone, for what only PostgreSQL shows (NUL characters, strict text)."""
+    database = _databases("postgres")
+    database.empty()
+    return database
