@@ -1,4 +1,5 @@
 """System checks for ``settings.DISCOVERY`` (ids discovery_app.E00x / W00x are stable)."""
+import math
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -12,7 +13,8 @@ _POSITIVE_NUMBERS = ("TTL", "HEARTBEAT_INTERVAL", "HEALTHY_FACTOR", "TOMBSTONE_T
 
 
 def _is_number(value):
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    # NaN and infinity are floats but no usable number of seconds (NaN even passes "<= 0").
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _fallback_errors(fallbacks):

@@ -1,4 +1,6 @@
 """System checks for ``settings.STREAMS`` (ids streams_app.E00x / W00x are stable)."""
+import math
+
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
@@ -40,7 +42,8 @@ def check_streams_settings(app_configs=None, **kwargs):
             )
     for key in _POSITIVE_NUMBERS:
         value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        # NaN compares false with everything, so "value <= 0" alone lets it through; inf never elapses.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             errors.append(Error(f"STREAMS[{key!r}] must be a positive number, not {value!r}.", id="streams_app.E003"))
     alias = merged["REDIS_ALIAS"]
     caches = getattr(settings, "CACHES", {})
@@ -108,3 +111,8 @@ def _check_supervisor(merged):
             )
         ]
     return []
+
+
+def settings_errors():
+    """The serious problems of STREAMS, as one line each: for commands that must not start with them."""
+    return [f"{e.id}: {e.msg}" for e in check_streams_settings() if e.is_serious()]

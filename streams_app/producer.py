@@ -21,6 +21,15 @@ def validate_stream_name(stream):
     return stream
 
 
+def _utf8_size(text, what):
+    """Bytes of ``text`` in UTF-8; a lone surrogate (e.g. from "\\ud800" in JSON) cannot be stored."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise PublishError(f"{what} is not valid Unicode: it holds a lone surrogate {text[exc.start]!r} "
+                           f"at position {exc.start}, which UTF-8 cannot encode") from None
+
+
 def encode_message(payload, *, key=None, headers=None):
     """The fields of one entry. Raises PublishError for input that cannot be a message."""
     try:
@@ -28,7 +37,7 @@ def encode_message(payload, *, key=None, headers=None):
     except (TypeError, ValueError) as exc:
         raise PublishError(f"payload is not JSON-serialisable: {exc}") from None
     limit = setting("MAX_PAYLOAD_BYTES")
-    size = len(body.encode("utf-8"))
+    size = _utf8_size(body, "payload")
     if size > limit:
         raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
     fields = {"payload": body, "published_at": str(int(time.time() * 1000))}
@@ -36,13 +45,19 @@ def encode_message(payload, *, key=None, headers=None):
         if not isinstance(key, str) or not key:
             raise PublishError(f"key must be a non-empty string, not {key!r}")
         fields["key"] = key
+        size += _utf8_size(key, "key")
     if headers:
         if not isinstance(headers, dict):
             raise PublishError(f"headers must be a dict, not {type(headers).__name__}")
         try:
-            fields["headers"] = json.dumps(headers, separators=(",", ":"))
+            fields["headers"] = json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise PublishError(f"headers are not JSON-serialisable: {exc}") from None
+        size += _utf8_size(fields["headers"], "headers")
+    if size > limit:
+        # The limit protects Redis and every consumer's memory: key and headers count as much as the payload.
+        raise PublishError(f"entry is {size} bytes (payload, key and headers), over the limit of {limit} "
+                           "(STREAMS['MAX_PAYLOAD_BYTES'])")
     return fields
 
 

@@ -26,7 +26,7 @@ from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import ReplayError
 from streams_app.consuming.groups import is_nogroup
-from streams_app.deadletters.replay import replay
+from streams_app.deadletters.replay import JSON_NULL, replay
 
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120
@@ -202,6 +202,10 @@ def replay_edited(model_admin, request, object_id):
     else:
         try:
             payload = json.loads(text)
+            json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            error = (f"This is not valid Unicode: it holds a lone surrogate ({exc.object[exc.start]!r}), "
+                     "which cannot be stored. Remove it or use a real character.")
         except ValueError as exc:
             error = f"This is not valid JSON: {exc}"
         else:
@@ -231,7 +235,8 @@ def replay_edited(model_admin, request, object_id):
 
 def _do_replay_edited(model_admin, request, letter, payload, changelist):
     try:
-        result = replay(letter.stream, letter.group, ids=[letter.entry_id], payload_override=payload)
+        result = replay(letter.stream, letter.group, ids=[letter.entry_id],
+                        payload_override=JSON_NULL if payload is None else payload)
     except ReplayError as exc:
         model_admin.message_user(request, f"Not replayed: {exc}", messages.ERROR)
         return HttpResponseRedirect(request.path)

@@ -33,19 +33,36 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+class _Null:
+    def __repr__(self):
+        return "JSON_NULL"
+
+
+# ``payload_override=None`` means "keep the original payload"; to replay with the payload null, pass this.
+JSON_NULL = _Null()
+
+
 def _override_text(payload_override):
     if payload_override is None:
         return ""
+    if payload_override is JSON_NULL:
+        return "null"
     try:
-        return json.dumps(payload_override, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(payload_override, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ReplayError(f"the payload override is not valid Unicode: it holds a lone surrogate "
+                          f"{text[exc.start]!r}, which UTF-8 cannot encode") from None
     except (TypeError, ValueError) as exc:
         raise ReplayError(f"the payload override is not JSON-serialisable: {exc}") from None
+    return text
 
 
 def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None):
     """Replay dead letters of ``group`` (the given ``ids``, or ``all`` of them) onto ``stream``.
 
-    ``payload_override`` (any JSON value) replaces the payload of every replayed entry.
+    ``payload_override`` (any JSON value) replaces the payload of every replayed entry; None keeps
+    the original, ``JSON_NULL`` replaces it with null.
     ``progress(scanned, total)`` is called after each batch when ``all`` is set.
     """
     validate_stream_name(stream)

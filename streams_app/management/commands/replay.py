@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from streams_app.exceptions import StreamsError
-from streams_app.deadletters.replay import replay
+from streams_app.deadletters.replay import JSON_NULL, replay
 
 
 class Command(BaseCommand):
@@ -26,6 +26,8 @@ class Command(BaseCommand):
                 override = json.loads(payload)
             except ValueError as exc:
                 raise CommandError(f"--payload is not valid JSON ({exc}); quote it, e.g. --payload '{{\"n\": 1}}'") from None
+            if override is None:
+                override = JSON_NULL  # --payload null: replay with the payload null, not the original
         progress = None
         if all and verbosity > 0:
             def progress(scanned, total):

@@ -2,12 +2,13 @@ import logging
 import os
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
 from shoal_common.cli import log_level, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
+from streams_app.checks import settings_errors
 from streams_app.registry import select
 from streams_app.consuming.worker import EXIT_CONFIG, Worker
 
@@ -53,7 +54,19 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-addr", default="127.0.0.1",
                           help="Address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus scrape it).")
 
+    def check(self, *args, **kwargs):
+        # Failing system checks are configuration errors: exit 3, so a supervisor does not restart us.
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            exc.returncode = EXIT_CONFIG
+            raise
+
     def handle(self, *args, selectors, verbosity, **options):
+        problems = settings_errors()  # also when called without system checks (call_command)
+        if problems:
+            raise CommandError("STREAMS settings are invalid (python manage.py check lists them): " + "; ".join(problems),
+                               returncode=EXIT_CONFIG)
         level = log_level(verbosity)
         logging.getLogger("streams_app").setLevel(level)
         if options["shutdown_timeout"] is not None and options["shutdown_timeout"] < 0:

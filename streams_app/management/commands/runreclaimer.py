@@ -1,11 +1,13 @@
 import logging
 import signal
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
 from shoal_common.cli import log_level, positive_float, positive_int
 
+from streams_app.consuming.worker import EXIT_CONFIG
 from streams_app.reclaim import Reclaimer
+from streams_app.checks import settings_errors
 from streams_app.registry import registered
 
 
@@ -21,7 +23,19 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-port", type=positive_int,
                             help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
 
+    def check(self, *args, **kwargs):
+        # Failing system checks are configuration errors: exit 3, so a supervisor does not restart us.
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            exc.returncode = EXIT_CONFIG
+            raise
+
     def handle(self, *args, interval, once, metrics_port, verbosity, **options):
+        problems = settings_errors()  # also when called without system checks (call_command)
+        if problems:
+            raise CommandError("STREAMS settings are invalid (python manage.py check lists them): " + "; ".join(problems),
+                               returncode=EXIT_CONFIG)
         logging.getLogger("streams_app").setLevel(log_level(verbosity))
         specs = registered()
         if not specs:

@@ -1,0 +1,208 @@
+"""Bad input an operator meets (issues 22 and 23): each case here was a 500, a traceback, a crash or
+a false message before; now it is a clear error, or it works.
+
+Process-level cases (the reclaimer, the db guard on SQLite and PostgreSQL) are in
+tests/test_operator_processes.py.
+"""
+import functools
+import io
+import json
+import sys
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import CommandError, call_command
+
+from discovery_app.exceptions import InvalidRegistration
+from discovery_app.registry import build_instance
+from streams_app import publish, publish_many
+from streams_app.broadcast import broadcast
+from streams_app.exceptions import BroadcastError, ConsumerConfigError, PublishError, ReplayError
+from streams_app.deadletters.replay import replay
+from streams_app.registry import ConsumerSpec, consumer
+from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
+
+
+def snapshot(redis):
+    return {key: redis.type(key) for key in redis.keys("*")}
+
+
+# -- lone surrogates ----------------------------------------------------------------------------
+
+LONE = "\ud800"
+
+
+def test_a_lone_surrogate_is_a_publish_error_not_a_traceback(redis):
+    for kwargs in [{"payload": {"s": LONE}}, {"payload": "ok", "key": "k" + LONE},
+                   {"payload": "ok", "headers": {"h": LONE}}]:
+        payload = kwargs.pop("payload")
+        with pytest.raises(PublishError, match="not valid Unicode"):
+            publish("jobs", payload, **kwargs)
+    with pytest.raises(PublishError, match=r"message 1: payload .*not valid Unicode"):
+        publish_many("jobs", [{"n": 0}, {"s": LONE}])
+    with pytest.raises(CommandError, match="nothing was published: payload .*not valid Unicode"):
+        call_command("publish", "jobs", '{"s": "\\ud800"}')
+    assert snapshot(redis) == {}
+
+
+def test_a_lone_surrogate_in_a_replay_override_is_a_command_error(redis):
+    [letter] = dead_letter(redis, [{"n": 1}])
+    with pytest.raises(ReplayError, match="not valid Unicode"):
+        replay("jobs", "a", ids=[letter], payload_override={"s": LONE})
+    with pytest.raises(CommandError, match="not valid Unicode"):
+        call_command("replay", "jobs", "--group", "a", "--id", letter, "--payload", '{"s": "\\ud800"}')
+    assert redis.xlen("{jobs}:dlq") == 1
+
+
+def test_a_lone_surrogate_in_the_admins_edited_replay_is_a_form_error(staff_client, redis):
+    from streams_app.admin import mirror
+    from streams_app.models import DeadLetter
+
+    [letter] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=letter).pk
+    client = staff_client("streams_app.replay_deadletter")
+    for post in ({"payload": '{"s": "\\ud800"}'}, {"payload": '{"s": "\\ud800"}', "post": "yes"}):
+        response = client.post(f"/admin/streams_app/deadletter/{pk}/replay/", post)
+        assert response.status_code == 400
+        assert "not valid Unicode" in response.content.decode()
+    assert redis.xlen("{jobs}:dlq") == 1
+
+
+# -- the whole entry is bounded ---------------------------------------------------------------------
+
+def test_max_payload_bytes_bounds_key_and_headers_too(redis, settings):
+    settings.STREAMS = {**settings.STREAMS, "MAX_PAYLOAD_BYTES": 1000}
+    publish("jobs", "x" * 900)
+    with pytest.raises(PublishError, match=r"entry is \d+ bytes .*over the limit of 1000"):
+        publish("jobs", "x" * 10, headers={"h": "y" * 2000})
+    with pytest.raises(PublishError, match=r"entry is \d+ bytes .*over the limit of 1000"):
+        publish("jobs", "x" * 10, key="k" * 2000)
+    with pytest.raises(PublishError, match=r"entry is \d+ bytes"):
+        publish("jobs", "x" * 600, key="k" * 600)
+    assert redis.xlen("jobs") == 1
+
+
+# -- settings checks ---------------------------------------------------------------------------
+
+def test_nan_and_infinity_in_float_settings_fail_the_check(settings):
+    settings.STREAMS = {"RECLAIM_INTERVAL": float("nan"), "CONSUMER_TTL": float("inf"), "BLOCK_MS": 100}
+    errors = {(e.id, e.msg) for e in run_checks()}
+    assert ("streams_app.E003", "STREAMS['RECLAIM_INTERVAL'] must be a positive number, not nan.") in errors
+    assert ("streams_app.E003", "STREAMS['CONSUMER_TTL'] must be a positive number, not inf.") in errors
+    settings.STREAMS = {}
+    settings.DISCOVERY = {"TTL": float("nan")}
+    assert any(e.id.startswith("discovery_app.E") and "TTL" in e.msg for e in run_checks())
+
+
+def test_runconsumer_with_nan_settings_exits_3(redis, settings):
+    settings.STREAMS = {"CONSUMER_TTL": float("nan")}
+    with pytest.raises(CommandError) as raised:
+        call_command("runconsumer", "jobs:a")
+    assert raised.value.returncode == 3 and "CONSUMER_TTL" in str(raised.value)
+
+
+# -- register --address --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("address, url", [
+    ("[::1]", "http://[::1]:8000"), ("::1", "http://[::1]:8000"), ("10.0.0.7", "http://10.0.0.7:8000"),
+    ("order-service.internal", "http://order-service.internal:8000"), ("localhost", "http://localhost:8000"),
+    ("2001:db8::7", "http://[2001:db8::7]:8000"),
+])
+def test_register_takes_host_names_and_ip_literals_bracketing_ipv6_once(address, url):
+    assert build_instance("svc", address, 8000).url == url
+
+
+@pytest.mark.parametrize("address", ["10.0.0.7:9000", "http://10.0.0.7", "bad host", "[::1", "[10.0.0.7]",
+                                     "a..b", "-a.com", "x" * 300, "10.0.0.7/24", ""])
+def test_register_refuses_what_is_not_a_host_name_or_ip(redis, address):
+    with pytest.raises(InvalidRegistration, match="address"):
+        build_instance("svc", address, 8000)
+    with pytest.raises(CommandError, match="address"):
+        call_command("register", "svc", "--address", address, "--port", "8000")
+    assert snapshot(redis) == {}
+
+
+# -- handler shapes ---------------------------------------------------------------------------
+
+class Callable:
+    def __call__(self, message):
+        pass
+
+
+def plain(message, extra=None):
+    pass
+
+
+def test_any_callable_has_a_handler_path():
+    assert ConsumerSpec("s", "g", Callable()).handler_path == f"{__name__}.Callable instance"
+    assert ConsumerSpec("s", "g", functools.partial(plain, extra=1)).handler_path == \
+        f"functools.partial({__name__}.plain, extra=1)"
+    assert ConsumerSpec("s", "g", print).handler_path == "builtins.print"
+
+
+def test_a_group_name_with_a_colon_is_refused_at_declaration():
+    with pytest.raises(ConsumerConfigError, match="group name 'email:v2' must not contain ':'"):
+        consumer("orders", group="email:v2")
+
+
+# -- replay --payload null ------------------------------------------------------------------------
+
+def test_replay_payload_null_republishes_null(redis):
+    first, second = dead_letter(redis, [{"n": 1}, {"n": 2}])
+    call_command("replay", "jobs", "--group", "a", "--id", first, "--payload", "null", stdout=io.StringIO())
+    result = replay("jobs", "a", ids=[second], payload_override=None)  # the library: None is "no override"
+    payloads = [f["payload"] for _, f in redis.xrange("jobs") if f.get("replay_of")]
+    assert payloads == ["null", json.dumps({"n": 2}, separators=(",", ":"))]
+    assert result.replayed
+
+
+def test_admin_replay_with_an_edited_payload_of_null_republishes_null(staff_client, redis):
+    from streams_app.admin import mirror
+    from streams_app.models import DeadLetter
+
+    [letter] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=letter).pk
+    client = staff_client("streams_app.replay_deadletter")
+    response = client.post(f"/admin/streams_app/deadletter/{pk}/replay/", {"payload": "null", "post": "yes"})
+    assert response.status_code == 302
+    [replayed] = [f for _, f in redis.xrange("jobs") if f.get("replay_of")]
+    assert replayed["payload"] == "null"
+
+
+# -- broadcast ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("type, data, error", [
+    ("log_level", {"level": "LOUD"}, "'LOUD' is not a logging level"),
+    ("log_level", None, "needs data"),
+    ("log_level", {"level": "DEBUG", "logger": 3}, "logger must be"),
+    ("log_level", ["DEBUG"], "must be a JSON object"),
+    ("discovery.invalidate", {"service": ""}, "service must be"),
+    ("discovery.invalidate", "orders", "must be a JSON object"),
+    ("ping", {"reply_to": 5}, "reply_to must be"),
+])
+def test_broadcast_validates_data_of_built_in_types_before_sending(redis, type, data, error):
+    pubsub = redis.pubsub()
+    pubsub.subscribe("shoal:broadcast")
+    with pytest.raises(BroadcastError, match=error):
+        broadcast(type, data)
+    with pytest.raises(CommandError, match="nothing was sent: .*" + error):
+        call_command("broadcast", type, json.dumps(data), stdout=io.StringIO(), stderr=io.StringIO())
+    assert broadcast("log_level", {"level": "info"}) == 1  # valid data still goes out
+    pubsub.close()
+
+
+# -- dead letters sort by (ms, seq) -------------------------------------------------------------
+
+def test_dead_letters_sorted_by_entry_id_follow_ms_then_seq(staff_client, redis):
+    from streams_app.admin import mirror
+
+    for seq in (2, 10, 1):
+        redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_id": f"1-{seq}", "error": "x"}, id=f"299-{seq}")
+    redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_id": "1-0", "error": "x"}, id="1000-0")
+    mirror.sync_all()
+    client = staff_client()
+    page = client.get("/admin/streams_app/deadletter/", {"o": "1"}).content.decode()  # column 1: entry id
+    positions = [page.index(f">{i}<") for i in ("299-1", "299-2", "299-10", "1000-0")]
+    assert positions == sorted(positions)
