@@ -6,9 +6,11 @@ first prunes the instances whose deadline passed, so a record and its index entr
 disappear together: no reader ever sees an index entry that points at nothing. Deadlines use the
 Redis server's clock (TIME), so clients with skewed clocks agree on who is alive.
 """
+import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import uuid
 from dataclasses import replace
@@ -113,6 +115,34 @@ def validate_service(service):
         )
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def validate_address(address):
+    """A host name or an IP literal, as clients will connect to it; returns it normalised.
+
+    IPv6 may come bracketed ("[::1]", as in a URL) or bare; it is stored bare and bracketed once
+    when a URL is built. Anything with a scheme, a port, a path or spaces is refused: the port is
+    its own argument, and a URL here would become "http://http://...".
+    """
+    problem = f"address must be a host name or an IP address (no scheme, port or path), not {address!r}"
+    if not isinstance(address, str) or not address:
+        raise InvalidRegistration(problem)
+    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if bare is not address and ip.version != 6:
+            raise InvalidRegistration(problem + "; only IPv6 addresses are written in brackets")
+        return str(ip) if ip.version == 6 else bare
+    labels = address[:-1].split(".") if address.endswith(".") else address.split(".")
+    if len(address) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise InvalidRegistration(problem)
+    return address
+
+
 def new_instance_id(service):
     return f"{service}-{os.environ.get('POD_NAME') or socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -121,8 +151,7 @@ def build_instance(service, address, port, metadata=None, instance_id=None):
     """Validate a registration and turn it into an Instance (timestamps are set by Redis)."""
     validate_service(service)
     metadata = dict(metadata or {})
-    if not isinstance(address, str) or not address:
-        raise InvalidRegistration(f"address must be a non-empty host name or IP, not {address!r}")
+    address = validate_address(address)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise InvalidRegistration(f"port must be an integer from 1 to 65535, not {port!r}")
     weight = metadata.pop("weight", 1.0)

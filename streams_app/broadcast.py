@@ -73,11 +73,53 @@ def encode(type, data=None):
         raise BroadcastError(f"broadcast data is not JSON-serialisable: {exc}") from None
 
 
+def _object(type, data, required=False):
+    if data is None and not required:
+        return {}
+    if not isinstance(data, dict):
+        raise BroadcastError(f"{type} data must be a JSON object, not {json.dumps(data)}"
+                             + (f"; e.g. {EXAMPLES[type]}" if type in EXAMPLES else ""))
+    return data
+
+
+def _optional_text(type, data, key):
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise BroadcastError(f"{type}: {key} must be a non-empty string, not {value!r}")
+
+
+def _check_log_level(data):
+    if data is None:
+        raise BroadcastError(f"log_level needs data, e.g. {EXAMPLES['log_level']}")
+    data = _object("log_level", data)
+    level = data.get("level")
+    if not isinstance(level, str) or not isinstance(logging.getLevelName(level.upper()), int):
+        raise BroadcastError(f"log_level: {level!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    _optional_text("log_level", data, "logger")
+
+
+def _check_ping(data):
+    _optional_text("ping", _object("ping", data), "reply_to")
+
+
+def _check_invalidate(data):
+    _optional_text("discovery.invalidate", _object("discovery.invalidate", data), "service")
+
+
+EXAMPLES = {"log_level": '{"level": "DEBUG"}', "discovery.invalidate": '{"service": "order-service"}'}
+# The built-in types' handlers are in every process; bad data for them would only be logged there,
+# one warning per process, while the sender was told it was delivered. Refuse it before sending.
+VALIDATORS = {"log_level": _check_log_level, "ping": _check_ping, "discovery.invalidate": _check_invalidate}
+
+
 def broadcast(type, data=None, *, pipeline=None):
     """Send ``data`` to the handlers of ``type`` in every listening process.
 
-    Returns how many processes were subscribed (None when queued on ``pipeline``).
+    Data of the built-in types is checked first (BroadcastError). Returns how many processes were
+    subscribed (None when queued on ``pipeline``).
     """
+    if type in VALIDATORS:
+        VALIDATORS[type](data)
     body = encode(type, data)
     conn = pipeline if pipeline is not None else get_connection()
     receivers = conn.publish(setting("BROADCAST_CHANNEL"), body)

@@ -1,4 +1,5 @@
 """The ``@consumer`` decorator and the table of declared consumers."""
+import functools
 from dataclasses import dataclass, field
 
 from streams_app.exceptions import ConsumerConfigError, PublishError
@@ -38,7 +39,24 @@ class ConsumerSpec:
 
     @property
     def handler_path(self):
-        return f"{self.handler.__module__}.{self.handler.__qualname__}"
+        return describe_handler(self.handler)
+
+
+def describe_handler(handler):
+    """A dotted name for any callable: functions, methods, callable objects, functools.partial.
+
+    The admin and the reclaim daemon show it; it must never raise, whatever was registered.
+    """
+    if isinstance(handler, functools.partial):
+        arguments = [describe_handler(handler.func), *map(repr, handler.args),
+                     *(f"{k}={v!r}" for k, v in handler.keywords.items())]
+        return f"functools.partial({', '.join(arguments)})"
+    name = getattr(handler, "__qualname__", None) or getattr(handler, "__name__", None)
+    module = getattr(handler, "__module__", None)
+    if not isinstance(name, str):  # an instance with __call__: named after its class
+        cls = type(handler)
+        module, name = cls.__module__, f"{cls.__qualname__} instance"
+    return f"{module}.{name}" if module else name
 
 
 _registry: dict[tuple[str, str], ConsumerSpec] = {}
@@ -76,6 +94,11 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_ba
         raise ConsumerConfigError(str(exc)) from None
     if not isinstance(group, str) or not group:
         raise ConsumerConfigError(f"group must be a non-empty string, not {group!r}")
+    if ":" in group:
+        # runconsumer selects STREAM:GROUP split at the last ':' (stream names often hold ':'), so a
+        # group with ':' could never be selected.
+        raise ConsumerConfigError(f"group name {group!r} must not contain ':' (runconsumer selects consumers as "
+                                  f"STREAM:GROUP); use '-' or '.', e.g. {group.replace(':', '-')!r}")
     if start not in _START_CHOICES:
         raise ConsumerConfigError(f"start must be '0' or '$', not {start!r}")
     if batch is not None and (not isinstance(batch, int) or batch <= 0):

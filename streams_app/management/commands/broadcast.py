@@ -4,7 +4,7 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
-from streams_app.broadcast import broadcast, handlers_for
+from streams_app.broadcast import VALIDATORS, broadcast, handlers_for
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import BroadcastError
 
@@ -21,6 +21,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, type, data, wait, **options):
         payload = self._parse(data)
+        try:
+            if type in VALIDATORS:
+                VALIDATORS[type](payload)
+        except BroadcastError as exc:
+            raise CommandError(f"nothing was sent: {exc}") from None
         if type == "ping":
             if wait <= 0:
                 raise CommandError("--wait must be above 0 seconds for a ping to collect replies.")
