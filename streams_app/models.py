@@ -57,6 +57,9 @@ class Stream(models.Model):
         max_length=64, default="0-0", help_text="Highest dead-letter id copied into DeadLetter: the next sync reads past it."
     )
     exists = models.BooleanField(default=True, help_text="False once the stream key is gone from Redis.")
+    problem = models.CharField(
+        max_length=300, blank=True, help_text="Why the stream could not be read, e.g. its key holds another type."
+    )
     synced_at = models.DateTimeField()
 
     class Meta:
@@ -70,7 +73,11 @@ class Stream(models.Model):
 class ConsumerGroup(models.Model):
     stream = models.ForeignKey(Stream, on_delete=models.CASCADE, related_name="consumer_groups")
     name = models.CharField(max_length=200)
-    lag = models.BigIntegerField(null=True, help_text="Entries not yet delivered to the group; null when Redis cannot tell.")
+    lag = models.BigIntegerField(null=True, help_text="Entries not yet delivered to the group; estimated when Redis cannot tell.")
+    lag_estimated = models.BooleanField(
+        default=False, help_text="Redis reported no lag (entries deleted or trimmed): lag counts the entries after the "
+                                 "last delivered id instead."
+    )
     pending = models.BigIntegerField(default=0)
     stale_pending = models.IntegerField(
         default=0, help_text="Pending entries idle longer than the pending timeout (counted up to STALE_PENDING_CAP)."
@@ -99,6 +106,9 @@ class ConsumerGroup(models.Model):
 class DeadLetter(models.Model):
     stream = models.CharField(max_length=200, db_index=True, help_text="The origin stream.")
     entry_id = models.CharField(max_length=64, help_text="Id in the dead-letter stream {stream}:dlq.")
+    entry_sort = models.CharField(
+        max_length=41, default="", db_index=True, help_text="entry_id as zero-padded ms-seq: sorts as Redis orders ids."
+    )
     origin_id = models.CharField(max_length=64, blank=True)
     group = models.CharField(max_length=200, db_index=True)
     consumer = models.CharField(max_length=300, blank=True)

@@ -25,7 +25,7 @@ from streams_app.consuming import liveness
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from streams_app.consuming.groups import is_nogroup
+from streams_app.consuming.groups import is_nogroup, is_wrongtype, key_type
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.reclaim")
@@ -34,7 +34,7 @@ AUDIT_PAGE = 1000
 
 
 def _str(value):
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
 def next_id(entry_id):
@@ -70,13 +70,15 @@ class Reclaimer:
         self.clock = clock  # wall clock: snapshots carry it
         self.stop = threading.Event()
         self.passes = 0
+        self.last_report = None
+        self._reported = set()  # problems already logged: a key of the wrong type is logged once, not every pass
 
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self, interval=None, once=False):
         interval = self.config["RECLAIM_INTERVAL"] if interval is None else interval
         while True:
-            self.tick()
+            self.last_report = self.tick()
             if once or self.stop.wait(interval):
                 return
 
@@ -93,7 +95,7 @@ class Reclaimer:
                 logger.warning("Reclaimer: Redis unreachable while checking %s (%s); next pass will retry", spec.name, exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
-                    raise
+                    self._skip(spec.name, spec.stream, exc, report)
         for stream in sorted({s.stream for s in self.specs if s.retention == "acked"}):
             try:
                 self.trim(stream, report)
@@ -102,7 +104,7 @@ class Reclaimer:
                 logger.warning("Reclaimer: Redis unreachable while trimming %s (%s)", stream, exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
-                    raise
+                    self._skip(stream, stream, exc, report)
         try:
             self.snapshot(now, report)
         except TRANSIENT_ERRORS as exc:
@@ -112,8 +114,21 @@ class Reclaimer:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
         self.sync_mirrors(report)
+        self._reported &= set(report.errors)  # a problem that went away is logged again if it comes back
         self.passes += 1
         return report
+
+    def _skip(self, name, stream, exc, report):
+        """A group (or stream) Redis refuses, e.g. its key holds a string: skipped, logged once, reported."""
+        if is_wrongtype(exc):
+            problem = (f"{name}: Redis key {stream!r} holds a {key_type(self.conn, stream)}, not a stream; "
+                       "skipped (Shoal leaves the key as it is)")
+        else:
+            problem = f"{name}: {type(exc).__name__}: {exc}; skipped until the next pass"
+        report.errors.append(problem)
+        if problem not in self._reported:
+            self._reported.add(problem)
+            logger.warning("Reclaimer: %s", problem)
 
     # -- the steps ----------------------------------------------------------------------------
 
@@ -198,10 +213,16 @@ class Reclaimer:
         from streams_app.admin import mirror
 
         try:
-            mirror.sync_all(conn=self.conn)
+            state = mirror.sync_all(conn=self.conn)
         except (*TRANSIENT_ERRORS, redis.ResponseError, DatabaseError) as exc:
             report.errors.append(f"mirror: {exc}")
             logger.warning("Reclaimer: could not sync the admin mirror (%s); the admin shows its age", exc)
+        except Exception as exc:  # a bug or bad data in the copy must not stop dead-lettering and trimming
+            report.errors.append(f"mirror: {type(exc).__name__}: {exc}")
+            logger.exception("Reclaimer: the admin mirror sync failed; the admin shows its age")
+        else:
+            if state.error:
+                report.errors.append(f"mirror: {state.error}")
 
     def snapshot(self, now, report):
         """Set the gauges every pass; store a GroupSnapshot row per group once per SNAPSHOT_INTERVAL.
@@ -217,12 +238,16 @@ class Reclaimer:
         for spec in self.specs:
             by_stream.setdefault(spec.stream, []).append(spec.group)
         for stream, groups in by_stream.items():
-            if not self.conn.exists(stream):
-                continue
+            if _str(self.conn.type(stream)) != "stream":
+                continue  # absent, or another type (reported by the audit)
             pipe = self.conn.pipeline(transaction=False)
             pipe.xinfo_groups(stream)
             pipe.xlen(keys.dead_letter_key(stream))
-            infos, dlq_length = pipe.execute()
+            try:
+                infos, dlq_length = pipe.execute()
+            except redis.ResponseError as exc:
+                self._skip(f"snapshots of {stream}", keys.dead_letter_key(stream), exc, report)
+                continue
             for info in infos:
                 name = _str(info["name"])
                 if name not in groups:

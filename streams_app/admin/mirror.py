@@ -7,6 +7,12 @@ when the last sync succeeded, so a page whose sync failed can say how old its nu
 Dead letters are copied incrementally: each Stream row keeps the highest dead-letter id copied
 (``dlq_cursor``) and a sync reads only past it. Rows whose entry left the DLQ (replayed or deleted
 by someone else) are found by comparing counts, and only then checked id by id.
+
+Redis holds bytes written by anyone; the copy must hold whatever the database can. Invalid UTF-8
+becomes ``\\xNN`` escapes and NUL becomes ``\\x00`` (PostgreSQL text cannot contain it). Each
+stream is copied in a transaction of its own: a row that still fails costs that stream's copy
+(recorded in MirrorState, shown on every page), never the other streams', the page or the
+reclaim pass. Redis stays untouched: actions read the real entries from Redis, not the copy.
 """
 import logging
 import re
@@ -35,7 +41,21 @@ _ERROR_TYPE = re.compile(r"^([A-Za-z_][\w.]*)\s*:")
 
 
 def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+    """A Redis reply as text the database can store (see the module docstring)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "backslashreplace")
+    if isinstance(value, str) and "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    return value
+
+
+def entry_sort_key(entry_id):
+    """'299-10' -> '00000000000000000299-00000000000000000010': sorts as Redis orders ids (ms, then seq)."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return f"{int(ms):020d}-{int(seq or 0):020d}"
+    except ValueError:
+        return ""
 
 
 def ms_to_datetime(ms):
@@ -55,14 +75,19 @@ def _id_key(entry_id):
 
 # -- streams and groups -----------------------------------------------------------------------
 
-def sync_streams(conn=None, specs=None, now=None, dlq_limit=None):
+def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None):
     """Refresh every Stream and ConsumerGroup row (streams of registered consumers plus those already
-    mirrored), and copy new dead letters. Returns the Stream rows."""
-    from streams_app.models import ConsumerGroup, Stream
+    mirrored), and copy new dead letters. Returns the Stream rows copied.
+
+    A stream whose copy fails is skipped and recorded in ``failures`` (name -> error); Redis
+    connection errors are raised (nothing more can be read).
+    """
+    from streams_app.models import Stream
 
     conn = conn or get_connection()
     specs = registered() if specs is None else specs
     now = now or dj_timezone.now()
+    failures = {} if failures is None else failures
     by_group = {(s.stream, s.group): s for s in specs}
     names = sorted({s.stream for s in specs} | set(Stream.objects.values_list("name", flat=True)))
     timeout = get_settings()["PENDING_TIMEOUT_MS"]
@@ -70,52 +95,84 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None):
     pipe = conn.pipeline(transaction=False)
     for name in names:
         pipe.type(name)
-        pipe.xlen(keys.dead_letter_key(name))
-    replies = pipe.execute()
+        pipe.type(keys.dead_letter_key(name))
+    kinds = [_text(kind) for kind in pipe.execute()]
+    stream_kinds, dlq_kinds = dict(zip(names, kinds[0::2])), dict(zip(names, kinds[1::2]))
     infos = {}
     pipe = conn.pipeline(transaction=False)
-    live = [n for n, kind in zip(names, replies[0::2]) if _text(kind) == "stream"]
+    live = [n for n in names if stream_kinds[n] == "stream"]
     for name in live:
         pipe.xinfo_stream(name)
         pipe.xinfo_groups(name)
     for name, stream_info, groups in zip(live, *[iter(pipe.execute())] * 2):
         infos[name] = (stream_info, groups)
-    dlq_lengths = dict(zip(names, replies[1::2]))
+    pipe = conn.pipeline(transaction=False)
+    readable_dlqs = [n for n in names if dlq_kinds[n] == "stream"]
+    for name in readable_dlqs:
+        pipe.xlen(keys.dead_letter_key(name))
+    dlq_lengths = dict(zip(readable_dlqs, pipe.execute()))
 
     stale = _stale_pending(conn, infos, timeout)
     rows = []
     for name in names:
-        stream_info, groups = infos.get(name, ({}, []))
-        defaults = {
-            "length": stream_info.get("length", 0),
-            "groups": len(groups),
-            "dead_letters": dlq_lengths[name],
-            "last_id": _text(stream_info.get("last-generated-id") or ""),
-            "exists": name in infos,
-            "synced_at": now,
-        }
-        with transaction.atomic():
-            stream, _ = Stream.objects.update_or_create(name=name, defaults=defaults)
-            seen = []
-            for info in groups:
-                group = _text(info["name"])
-                spec = by_group.get((name, group))
-                seen.append(group)
-                ConsumerGroup.objects.update_or_create(stream=stream, name=group, defaults={
-                    "lag": info.get("lag"),
-                    "pending": info["pending"],
-                    "stale_pending": stale.get((name, group), 0),
-                    "consumers": info["consumers"],
-                    "last_delivered_id": _text(info["last-delivered-id"]),
-                    "entries_read": info.get("entries-read"),
-                    "handler": spec.handler_path if spec else "",
-                    "max_deliveries": spec.max_deliveries if spec else None,
-                    "synced_at": now,
-                })
-            stream.consumer_groups.exclude(name__in=seen).delete()
-        sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
+        problems = [f"Redis key {key!r} holds a {kind}, not a stream; Shoal leaves it as it is"
+                    for key, kind in ((name, stream_kinds[name]), (keys.dead_letter_key(name), dlq_kinds[name]))
+                    if kind not in ("stream", "none")]
+        try:
+            with transaction.atomic():
+                stream = _sync_stream(conn, name, infos.get(name, ({}, [])), dlq_lengths.get(name, 0), by_group,
+                                      stale, now, "; ".join(problems))
+                if name in dlq_lengths:
+                    sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:  # one stream's data must not stop the copy of the others
+            failures[name] = f"{type(exc).__name__}: {exc}"
+            logger.warning("Mirror: could not copy stream %s (%s); the other streams are copied", name,
+                           failures[name], exc_info=not isinstance(exc, (DatabaseError, redis.ResponseError)))
+            continue
         rows.append(stream)
     return rows
+
+
+def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
+    from streams_app.models import ConsumerGroup, Stream
+    from streams_app.supervisor.lag import estimate_lag
+
+    stream_info, groups = info
+    stream, _ = Stream.objects.update_or_create(name=name, defaults={
+        "length": stream_info.get("length", 0),
+        "groups": len(groups),
+        "dead_letters": dlq_length,
+        "last_id": _text(stream_info.get("last-generated-id") or ""),
+        "exists": bool(stream_info),
+        "problem": problem[:300],
+        "synced_at": now,
+    })
+    seen = []
+    for group_info in groups:
+        group = _text(group_info["name"])
+        spec = by_group.get((name, group))
+        seen.append(group)
+        last_delivered = _text(group_info["last-delivered-id"])
+        lag, estimated = group_info.get("lag"), False
+        if lag is None:
+            # Redis cannot tell (an unread entry was deleted, the stream trimmed): null is not zero.
+            lag, estimated = estimate_lag(conn, name, last_delivered), True
+        ConsumerGroup.objects.update_or_create(stream=stream, name=group, defaults={
+            "lag": lag,
+            "lag_estimated": estimated,
+            "pending": group_info["pending"],
+            "stale_pending": stale.get((name, group), 0),
+            "consumers": group_info["consumers"],
+            "last_delivered_id": last_delivered,
+            "entries_read": group_info.get("entries-read"),
+            "handler": spec.handler_path[:300] if spec else "",
+            "max_deliveries": spec.max_deliveries if spec else None,
+            "synced_at": now,
+        })
+    stream.consumer_groups.exclude(name__in=seen).delete()
+    return stream
 
 
 def _stale_pending(conn, infos, timeout_ms):
@@ -144,6 +201,7 @@ def dead_letter_row(stream, entry_id, fields, now):
     return DeadLetter(
         stream=stream,
         entry_id=_text(entry_id),
+        entry_sort=entry_sort_key(_text(entry_id)),
         origin_id=fields.get("origin_id", ""),
         group=fields.get("group", ""),
         consumer=fields.get("consumer", ""),
@@ -215,15 +273,17 @@ def prune_dead_letters(stream, conn=None):
 def sync_all(conn=None, now=None, dlq_limit=None):
     """Sync the streams mirror (and the instances mirror when discovery_app is installed).
 
-    Records the outcome in MirrorState; Redis errors are recorded and raised again.
+    Records the outcome in MirrorState: Redis errors are recorded and raised again; streams that
+    could not be copied are recorded by name (the others are current).
     """
     from streams_app.models import MirrorState
 
     now = now or dj_timezone.now()
     state, _ = MirrorState.objects.get_or_create(name=STREAMS_MIRROR)
     state.attempted_at = now
+    failures = {}
     try:
-        sync_streams(conn=conn, now=now, dlq_limit=dlq_limit)
+        sync_streams(conn=conn, now=now, dlq_limit=dlq_limit, failures=failures)
         if apps.is_installed("discovery_app"):
             from discovery_app.sync import sync_instances
 
@@ -233,7 +293,8 @@ def sync_all(conn=None, now=None, dlq_limit=None):
         state.save()
         raise
     state.synced_at = now
-    state.error = ""
+    state.error = ("; ".join(f"stream {name} was not copied ({error})" for name, error in failures.items())
+                   + "; every other stream is current")[:2000] if failures else ""
     state.save()
     return state
 
@@ -249,4 +310,7 @@ def try_sync(conn=None):
     except DatabaseError as exc:
         # Two syncs creating the same row at once (another page, the daemon): the other one wins.
         logger.warning("Admin: could not store the mirror (%s); showing the last copy", exc)
+    except Exception:
+        # Whatever else goes wrong in a copy, the page shows the last one rather than a 500.
+        logger.exception("Admin: the mirror sync failed; showing the last copy")
     return MirrorState.objects.filter(name=STREAMS_MIRROR).first()

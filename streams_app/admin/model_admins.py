@@ -40,10 +40,10 @@ class StreamsMirrorAdmin(MirrorAdmin):
 
 @admin.register(Stream)
 class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "length", "groups", "dead_letters_link", "last_id", "exists", "synced_at")
+    list_display = ("name", "length", "groups", "dead_letters_link", "last_id", "exists", "problem", "synced_at")
     list_filter = ("exists",)
     search_fields = ("name",)
-    fields = ("name", "length", "groups", "dead_letters", "last_id", "exists", "dlq_cursor", "synced_at")
+    fields = ("name", "length", "groups", "dead_letters", "last_id", "exists", "problem", "dlq_cursor", "synced_at")
     readonly_fields = fields
 
     @admin.display(description="dead letters", ordering="dead_letters")
@@ -54,12 +54,12 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "stream", "lag", "pending_link", "stale_pending", "consumers", "dead_letters",
+    list_display = ("name", "stream", "lag_display", "pending_link", "stale_pending", "consumers", "dead_letters",
                     "last_delivered_id", "entries_read", "handler", "max_deliveries")
     list_filter = ("stream", ("handler", admin.EmptyFieldListFilter))
     search_fields = ("name", "stream__name", "handler")
     list_select_related = ("stream",)
-    fields = ("stream", "name", "lag", "pending", "stale_pending", "consumers", "last_delivered_id", "entries_read",
+    fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers", "last_delivered_id", "entries_read",
               "handler", "max_deliveries", "synced_at")
     readonly_fields = fields
     change_form_template = "admin/streams_app/consumergroup/change_form.html"
@@ -72,6 +72,14 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
     def has_deadletter_permission(self, request):
         return request.user.has_perm("streams_app.deadletter_pending")
+
+    @admin.display(description="lag", ordering="lag")
+    def lag_display(self, obj):
+        # Redis reports no lag after deletes or trims; the mirror then counts the entries past the
+        # last delivered id. Never shown as zero or as nothing.
+        if obj.lag is None:
+            return "-"
+        return f"~{obj.lag} (estimated)" if obj.lag_estimated else obj.lag
 
     @admin.display(description="dead letters", ordering="stream__dead_letters")
     def dead_letters(self, obj):
@@ -149,7 +157,7 @@ class GroupFilter(ValueFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("entry_id", "stream", "group", "short_error", "deliveries", "failed_at", "payload_preview")
+    list_display = ("entry", "stream", "group", "short_error", "deliveries", "failed_at", "payload_preview")
     list_filter = (StreamFilter, GroupFilter, ErrorTypeFilter, "failed_at")
     search_fields = ("payload", "error", "origin_id", "entry_id")
     date_hierarchy = "failed_at"
@@ -170,6 +178,10 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
                 "Nothing was done to them.")
 
     # -- columns ----------------------------------------------------------------------------
+
+    @admin.display(description="entry id", ordering="entry_sort")
+    def entry(self, obj):
+        return obj.entry_id  # sorted as Redis orders ids (ms, then seq), not as text
 
     @admin.display(description="error")
     def short_error(self, obj):

@@ -106,15 +106,20 @@ class BacklogCollector:
     def describe(self):
         # Registering must not query Redis: REGISTRY calls describe(), else collect(), at once.
         return [GaugeMetricFamily(name, "") for name in
-                ("shoal_group_lag", "shoal_group_pending", "shoal_dead_letters", "shoal_backlog_scrape_ok")]
+                ("shoal_group_lag", "shoal_group_lag_estimated", "shoal_group_pending", "shoal_dead_letters",
+                 "shoal_backlog_scrape_ok")]
 
     def collect(self):
         from streams_app.connection import TRANSIENT_ERRORS, get_connection
         from streams_app.keys import dead_letter_key
         from streams_app.registry import registered
+        from streams_app.supervisor.lag import estimate_lag
 
         specs = self._specs if self._specs is not None else registered()
         lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.", labels=LABELS)
+        estimated = GaugeMetricFamily("shoal_group_lag_estimated", "1 if shoal_group_lag is an estimate: Redis reported "
+                                      "no lag (entries deleted or trimmed), so the entries after the last delivered id "
+                                      "were counted.", labels=LABELS)
         pending = GaugeMetricFamily("shoal_group_pending", "Entries delivered to the group and not acknowledged.", labels=LABELS)
         dead = GaugeMetricFamily("shoal_dead_letters", "Entries in the stream's dead-letter stream.", labels=("stream",))
         up = GaugeMetricFamily("shoal_backlog_scrape_ok", "1 if Redis answered this scrape's backlog queries.")
@@ -137,14 +142,24 @@ class BacklogCollector:
             if isinstance(groups, Exception):
                 continue  # no such stream yet
             for info in groups:
-                name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+                name = _text(info["name"])
                 if (stream, name) not in wanted:
                     continue
                 pending.add_metric([stream, name], info["pending"])
-                if info.get("lag") is not None:  # None when Redis cannot tell (entries deleted)
-                    lag.add_metric([stream, name], info["lag"])
+                value = info.get("lag")
+                if value is None:  # Redis cannot tell (entries deleted, stream trimmed): never report zero
+                    try:
+                        value = estimate_lag(conn, stream, _text(info["last-delivered-id"]))
+                    except TRANSIENT_ERRORS:
+                        continue
+                lag.add_metric([stream, name], value)
+                estimated.add_metric([stream, name], 1 if info.get("lag") is None else 0)
         up.add_metric([], 1)
-        return [lag, pending, dead, up]
+        return [lag, estimated, pending, dead, up]
+
+
+def _text(value):
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
 def start_metrics_server(port, addr="0.0.0.0"):

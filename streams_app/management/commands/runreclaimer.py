@@ -57,4 +57,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, on_signal)
         self.stdout.write(f"Reclaimer: watching {len(specs)} groups ({', '.join(s.name for s in specs)})")
         reclaimer.run(interval=interval, once=once)
+        errors = reclaimer.last_report.errors if reclaimer.last_report else []
+        if once and errors:
+            # A cron job must not report success for a pass that audited nothing (Redis away, a bad key).
+            raise CommandError(f"the pass did not complete: {'; '.join(errors)}", returncode=1)
         self.stdout.write(self.style.SUCCESS(f"Reclaimer: stopped after {reclaimer.passes} passes"))
