@@ -12,6 +12,12 @@ chunk; fast, but effects in other systems may still happen twice if a worker die
 transaction as the handler's own ORM writes. If the worker dies after the commit and before the
 ack, the redelivery finds the row and is acked unseen: the handler's database effects happen
 exactly once. A concurrent duplicate waits on the unique index and then finds the row.
+
+The savepoint rule: a database error caught inside the handler without a savepoint of its own
+(``try: Tag.objects.create(...) except IntegrityError: pass``) marks the guard's transaction for
+rollback, and Django silently rolls everything back when the block ends. The guard checks for that
+after the handler returns and fails the message instead of acking work that was never committed;
+the handler must put the statement that may fail in its own ``with transaction.atomic():``.
 """
 import hashlib
 
@@ -25,6 +31,17 @@ DONE = "done"
 
 class DuplicateInFlight(Exception):
     """Another consumer is handling a message with the same key right now."""
+
+
+class TransactionRolledBack(Exception):
+    """The handler returned, but its transaction (idempotent="db") was marked for rollback: nothing committed."""
+
+
+ROLLED_BACK = ("the handler returned, but its database transaction was marked for rollback, so nothing it wrote "
+               "was committed and the message is not acknowledged. A database error was caught inside the "
+               "handler (e.g. IntegrityError in try/except) with no savepoint around the statement that failed. "
+               "Wrap that statement in its own `with transaction.atomic():` inside the try, as Django documents "
+               "(idempotent=\"db\" runs the handler in one transaction).")
 
 
 def message_key(message):
@@ -114,6 +131,9 @@ class DbGuard:
             except IntegrityError:
                 return False
             handler(message)
+            if transaction.get_rollback():
+                # Leaving the block would roll back silently and we would ack: zero times, not once.
+                raise TransactionRolledBack(ROLLED_BACK)
         return True
 
     def end(self, succeeded, failed):

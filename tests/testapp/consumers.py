@@ -3,6 +3,7 @@
 ``started:<stream>:<group>`` and ``handled:<stream>:<group>`` are lists of entry ids (RPUSH), so a
 test counts handlings and duplicates exactly. Payload keys: ``sleep`` (seconds), ``fail`` (raise).
 """
+import functools
 import os
 import signal
 import time
@@ -72,6 +73,46 @@ def idempotent_in_db(message):
     if message.payload.get("die_after_commit") and message.deliveries == 1:
         transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
 
+
+@consumer("dbshared", group="d", idempotent="db", max_deliveries=2, retry_backoff=(0.05, 0.1))
+def inserts_a_shared_tag_if_missing(message):
+    """The "insert if missing" of the db guard's savepoint rule: catches IntegrityError with no
+    savepoint around the insert, which leaves the guard's transaction marked for rollback."""
+    from django.db import IntegrityError
+
+    from tests.testapp.models import Effect, Tag
+
+    Effect.objects.create(name=message.payload["name"], entry_id=message.id)
+    try:
+        Tag.objects.create(name="shared")
+    except IntegrityError:
+        pass
+
+
+@consumer("dbsavepoint", group="d", idempotent="db")
+def inserts_a_shared_tag_in_a_savepoint(message):
+    """The same, done right: the insert that may fail has a savepoint of its own."""
+    from django.db import IntegrityError, transaction
+
+    from tests.testapp.models import Effect, Tag
+
+    Effect.objects.create(name=message.payload["name"], entry_id=message.id)
+    try:
+        with transaction.atomic():
+            Tag.objects.create(name="shared-savepoint")
+    except IntegrityError:
+        pass
+
+
+class CallableHandler:
+    """A handler that is an object with __call__, not a function (handler shapes, issue 22)."""
+
+    def __call__(self, message):
+        behave(message)
+
+
+consumer("shapes", group="object")(CallableHandler())
+consumer("shapes", group="partial")(functools.partial(behave))
 
 consumer("ledger", group="fast", retention="acked")(behave)
 consumer("ledger", group="slow")(behave)

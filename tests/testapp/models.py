@@ -6,3 +6,9 @@ class Effect(models.Model):
 
     name = models.CharField(max_length=100)
     entry_id = models.CharField(max_length=64)
+
+
+class Tag(models.Model):
+    """A row several messages insert "if missing" (the unique name): the db guard's savepoint rule."""
+
+    name = models.CharField(max_length=100, unique=True)

@@ -1,0 +1,108 @@
+"""Bad input met by real processes (issues 22 and 23), on SQLite and on PostgreSQL.
+
+``runreclaimer --once`` and ``runconsumer`` run as the README says, against the test Redis and a
+migrated database of each engine (tests/databases.py; PostgreSQL tests skip when none answers).
+"""
+import json
+import signal
+
+import pytest
+import redis
+
+from streams_app import keys
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+FAST = {"PENDING_TIMEOUT_MS": 300, "CLAIM_INTERVAL_MS": 100, "RETRY_BACKOFF": 0.05}
+
+
+@pytest.fixture
+def run(run_consumer, process_database):
+    """``manage.py <command>`` against the test Redis and ``process_database``."""
+    return lambda command, *args, streams=None, env=None: run_consumer(
+        *args, streams=streams, env={"DATABASE_URL": process_database.url, **(env or {})}, command=command)
+
+
+def mirrored_letters(database):
+    return dict(database.rows("SELECT entry_id, payload FROM streams_app_deadletter"))
+
+
+def test_reclaimer_passes_over_undecodable_and_nul_bearing_dead_letters(redis_server, run, process_database):
+    raw = redis.Redis(port=redis_server.port)  # bytes in, bytes out
+    bad = raw.xadd("{failing}:dlq", {"payload": b"\xc3\x28 caf\xe9", "group": b"g", "error": b"decode: x"}).decode()
+    nul = raw.xadd("{failing}:dlq", {"payload": b"id=7\x00name=x", "group": b"g", "error": b"decode: x"}).decode()
+    raw.xgroup_create("jobs", "a", id="0", mkstream=True)  # sorted after "failing": must be copied all the same
+    daemon = run("runreclaimer", "--once")
+    assert daemon.wait(120) == 0, daemon.output()
+    assert mirrored_letters(process_database) == {bad: "\\xc3( caf\\xe9", nul: "id=7\\x00name=x"}
+    assert process_database.rows("SELECT s.name FROM streams_app_consumergroup g JOIN streams_app_stream s "
+                                 "ON g.stream_id = s.id WHERE g.name = 'a'") == [("jobs",)]
+    assert process_database.rows("SELECT error FROM streams_app_mirrorstate") == [("",)]
+
+
+def test_a_handler_object_or_partial_does_not_break_the_reclaimer(redis, run, process_database):
+    redis.xgroup_create("shapes", "object", id="0", mkstream=True)
+    redis.xgroup_create("shapes", "partial", id="0")
+    daemon = run("runreclaimer", "--once")
+    assert daemon.wait(120) == 0, daemon.output()
+    handlers = dict(process_database.rows("SELECT name, handler FROM streams_app_consumergroup"))
+    assert handlers == {"object": "tests.testapp.consumers.CallableHandler instance",
+                        "partial": "functools.partial(tests.testapp.consumers.behave)"}
+
+
+def test_reclaimer_skips_a_stream_key_of_another_type_audits_the_rest_and_says_so(redis, run, process_database):
+    redis.set("jobs", "precious")
+    entry = redis.xadd("failing", {"payload": json.dumps({"n": 1})})
+    redis.xgroup_create("failing", "g", id="0")
+    redis.xreadgroup("g", "gone-consumer", {"failing": ">"})
+    redis.xclaim("failing", "g", "gone-consumer", 0, [entry], retrycount=4)  # at max_deliveries=4
+    wait_for(lambda: redis.xpending_range("failing", "g", "-", "+", 1, idle=FAST["PENDING_TIMEOUT_MS"]),
+             timeout=10, what="the entry idle past the pending timeout")
+    daemon = run("runreclaimer", "--once", streams=FAST)
+    assert daemon.wait(120) == 1, daemon.output()  # the pass did not audit jobs:a and jobs:b
+    out = daemon.output()
+    assert "the pass did not complete" in out and "Redis key 'jobs' holds a string, not a stream" in out
+    assert "Traceback" not in out
+    [(_, fields)] = redis.xrange(keys.dead_letter_key("failing"))  # the other groups were audited
+    assert fields["origin_id"] == entry
+    assert redis.get("jobs") == "precious"
+    [(problem,)] = process_database.rows("SELECT problem FROM streams_app_stream WHERE name = 'jobs'")
+    assert "holds a string, not a stream" in problem
+
+
+def test_runreclaimer_once_exits_non_zero_when_redis_is_unreachable(run):
+    daemon = run("runreclaimer", "--once", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert daemon.wait(120) == 1, daemon.output()
+    assert "the pass did not complete" in daemon.output()
+
+
+def test_db_guard_never_acks_work_its_transaction_rolled_back(redis, run, process_database):
+    """Four keyed messages each insert a shared Tag "if missing" with the IntegrityError caught and no
+    savepoint. Only the first can commit; the others' transactions are marked for rollback, so they
+    must fail (and end in the dead letters), not be acked with nothing committed."""
+    for n in range(4):
+        redis.xadd("dbshared", {"payload": json.dumps({"name": f"order-{n}"}), "key": f"order-{n}"})
+    worker = run("runconsumer", "dbshared:d", streams=FAST)
+    wait_for(lambda: (redis.xinfo_groups("dbshared") or [{}])[0].get("entries-read") == 4
+             and redis.xpending("dbshared", "d")["pending"] == 0, timeout=120, what="every entry acked or dead-lettered")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output()
+    [(committed,)] = process_database.rows("SELECT name FROM testapp_effect")  # whichever thread was first
+    assert process_database.rows("SELECT key FROM streams_app_processedmessage") == [(committed,)]
+    letters = [f for _, f in redis.xrange(keys.dead_letter_key("dbshared"))]
+    assert sorted(json.loads(f["payload"])["name"] for f in letters) == sorted({f"order-{n}" for n in range(4)} - {committed})
+    assert all(f["error"].startswith("TransactionRolledBack:") and "transaction.atomic()" in f["error"]
+               for f in letters), letters[0]["error"]
+
+
+def test_db_guard_with_the_savepoint_rule_commits_every_message(redis, run, process_database):
+    for n in range(4):
+        redis.xadd("dbsavepoint", {"payload": json.dumps({"name": f"order-{n}"}), "key": f"order-{n}"})
+    worker = run("runconsumer", "dbsavepoint:d", streams=FAST)
+    wait_for(lambda: (redis.xinfo_groups("dbsavepoint") or [{}])[0].get("entries-read") == 4
+             and redis.xpending("dbsavepoint", "d")["pending"] == 0, timeout=120, what="every entry acked")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output()
+    assert len(process_database.rows("SELECT name FROM testapp_effect")) == 4
+    assert redis.xlen(keys.dead_letter_key("dbsavepoint")) == 0
