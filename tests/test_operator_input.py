@@ -7,7 +7,6 @@ tests/test_operator_processes.py.
 import functools
 import io
 import json
-import sys
 
 import pytest
 from django.core.checks import run_checks
