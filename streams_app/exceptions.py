@@ -9,6 +9,21 @@ class PublishError(StreamsError, ValueError):
     """A message could not be published as given (not JSON, too large, bad stream name)."""
 
 
+class PartialPublishError(PublishError):
+    """``publish_many`` stopped part-way: Redis failed after some batches were stored.
+
+    ``ids``: the entry ids stored for sure, one per message from the first (messages ``0..len(ids)-1``).
+    ``in_doubt``: how many messages after those may or may not have been stored (the connection
+    broke while their batch was sent); the rest were not published. ``cause``: the Redis error.
+    """
+
+    def __init__(self, message, *, ids, in_doubt, cause):
+        super().__init__(message)
+        self.ids = ids
+        self.in_doubt = in_doubt
+        self.cause = cause
+
+
 class StreamTypeError(StreamsError):
     """A key that should be a stream holds another type; Shoal leaves such a key alone."""
 

@@ -5,8 +5,8 @@ import time
 import redis
 
 from streams_app.conf import setting
-from streams_app.connection import get_connection
-from streams_app.exceptions import PublishError
+from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.exceptions import PartialPublishError, PublishError
 from streams_app.consuming.groups import is_wrongtype, key_type
 
 _PIPELINE_CHUNK = 1000
@@ -99,9 +99,12 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
 
 
 def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
-    """Append many messages with pipelined round trips; return their ids in order.
+    """Append many messages, 1000 per round trip; return their ids in order.
 
-    Every payload is encoded before the first is sent, so bad input publishes nothing.
+    Every payload is encoded before the first is sent, so bad input publishes nothing (the
+    PublishError's ``index`` names the message). Each batch of 1000 is one MULTI/EXEC: Redis
+    stores all of it or none of it. When Redis fails after some batches were stored, the
+    PartialPublishError says exactly which messages were published (its ``ids``).
     """
     validate_stream_name(stream)
     _check_maxlen(maxlen)
@@ -115,19 +118,32 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
         try:
             encoded.append(encode_message(payload, key=keys[index] if keys else None, headers=headers))
         except PublishError as exc:
-            raise PublishError(f"message {index}: {exc}") from None
+            error = PublishError(f"message {index}: {exc}")
+            error.index, error.reason = index, str(exc)
+            raise error from None
     conn = get_connection()
     ids = []
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
-        pipe = conn.pipeline(transaction=False)
-        for fields in encoded[start : start + _PIPELINE_CHUNK]:
+        batch = encoded[start : start + _PIPELINE_CHUNK]
+        pipe = conn.pipeline(transaction=True)
+        for fields in batch:
             _xadd(pipe, stream, fields, maxlen)
         try:
             replies = pipe.execute()
         except redis.ResponseError as exc:
-            if not is_wrongtype(exc):
-                raise
-            # Every XADD of the chunk met the same key of another type: none of them was stored.
-            raise _not_a_stream(conn, stream) from None
+            # A command refused while queued (OOM, WRONGTYPE...) aborts the whole EXEC: none of the batch
+            # was stored. (An XADD failing at run time fails alike for the whole batch: one key, one type.)
+            if is_wrongtype(exc) and not ids:
+                raise _not_a_stream(conn, stream) from None
+            raise _partial(stream, ids, 0, exc) from None
+        except TRANSIENT_ERRORS as exc:
+            raise _partial(stream, ids, len(batch), exc) from None
         ids.extend(i.decode() if isinstance(i, bytes) else i for i in replies)
     return ids
+
+
+def _partial(stream, ids, in_doubt, cause):
+    done = f"{len(ids)} messages were published (last id {ids[-1]})" if ids else "no message was published"
+    doubt = f", the next {in_doubt} may or may not have been stored" if in_doubt else ""
+    return PartialPublishError(f"Redis failed part-way through publishing to {stream!r} ({type(cause).__name__}: "
+                               f"{cause}): {done}{doubt}", ids=ids, in_doubt=in_doubt, cause=cause)

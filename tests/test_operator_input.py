@@ -7,6 +7,7 @@ tests/test_operator_processes.py.
 import functools
 import io
 import json
+import sys
 
 import pytest
 from django.core.checks import run_checks
@@ -205,3 +206,45 @@ def test_dead_letters_sorted_by_entry_id_follow_ms_then_seq(staff_client, redis)
     page = client.get("/admin/streams_app/deadletter/", {"o": "0"}).content.decode()  # column 0: entry id (no actions for view-only staff)
     positions = [page.index(f">{i}<") for i in ("299-1", "299-2", "299-10", "1000-0")]
     assert positions == sorted(positions)
+
+
+# -- publish STREAM - interrupted ----------------------------------------------------------------
+
+@pytest.fixture
+def redis_memory_cap(redis):
+    """Cap the test Redis's memory (noeviction) a little above what it uses now: writes fail with OOM."""
+
+    def cap(extra_bytes):
+        redis.config_set("maxmemory-policy", "noeviction")
+        redis.config_set("maxmemory", redis.info("memory")["used_memory"] + extra_bytes)
+
+    yield cap
+    redis.config_set("maxmemory", 0)
+
+
+def test_publish_from_stdin_interrupted_by_redis_reports_exactly_what_was_published(redis, monkeypatch,
+                                                                                      redis_memory_cap):
+    lines = [json.dumps({"n": n, "pad": "x" * 200}) for n in range(20_000)]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
+    redis_memory_cap(1_500_000)
+    out = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("publish", "jobs", "-", stdout=out)
+    message = str(raised.value)
+    stored = redis.xrange("jobs")
+    published = len(stored)
+    assert 0 < published < 20_000 and published % 1000 == 0  # whole batches only: each one is atomic
+    assert "nothing was published" not in message
+    assert f"published {published} of 20000 messages (lines 1-{published}), last id {stored[-1][0]}" in message
+    assert "OOM" in message or "memory" in message
+    assert f"tail -n +{published + 1}" in message  # how to resume without duplicates
+    assert out.getvalue().split() == [i for i, _ in stored]  # the ids printed are those stored
+    assert [json.loads(f["payload"])["n"] for _, f in stored] == list(range(published))
+
+
+def test_publish_from_stdin_names_the_real_line_of_a_bad_message_among_blank_lines(redis, monkeypatch):
+    too_big = json.dumps("x" * 2_000_000)
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"n": 1}\n\n \n' + too_big + '\n{"n": 5}\n'))
+    with pytest.raises(CommandError, match=r"nothing was published: line 4: payload is \d+ bytes"):
+        call_command("publish", "jobs", "-")
+    assert snapshot(redis) == {}

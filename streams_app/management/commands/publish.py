@@ -1,10 +1,12 @@
 import json
 import sys
 
+import redis
+
 from django.core.management.base import BaseCommand, CommandError
 
 from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.exceptions import PublishError
+from streams_app.exceptions import PartialPublishError, PublishError
 from streams_app.producer import publish, publish_many
 
 
@@ -26,20 +28,57 @@ class Command(BaseCommand):
             else:
                 if key is not None:
                     raise CommandError("--key names a single message; it cannot be used with '-' (many messages).")
-                payloads = [
-                    self._parse(line, f"line {number} of stdin")
-                    for number, line in enumerate(sys.stdin, start=1)
-                    if line.strip()
-                ]
-                if not payloads:
-                    raise CommandError("stdin had no messages; give one JSON document per line.")
-                ids = publish_many(stream, payloads, headers=header_dict, maxlen=maxlen)
+                ids = self._publish_lines(stream, header_dict, maxlen)
         except PublishError as exc:
             raise CommandError(f"nothing was published: {exc}") from None
         except TRANSIENT_ERRORS as exc:
             raise CommandError(f"nothing was published: Redis is unreachable ({exc}). Check REDIS_URL.") from None
+        except redis.ResponseError as exc:
+            raise CommandError(f"nothing was published: Redis refused the message ({type(exc).__name__}: {exc}).") from None
         for entry_id in ids:
             self.stdout.write(entry_id)
+
+    def _publish_lines(self, stream, header_dict, maxlen):
+        """One message per non-blank line of stdin; errors name the line as the input numbers it."""
+        numbered = [(number, self._parse(line, f"line {number} of stdin"))
+                    for number, line in enumerate(sys.stdin, start=1) if line.strip()]
+        if not numbered:
+            raise CommandError("stdin had no messages; give one JSON document per line.")
+        lines = [number for number, _ in numbered]
+        try:
+            return publish_many(stream, [payload for _, payload in numbered], headers=header_dict, maxlen=maxlen)
+        except PartialPublishError as exc:
+            raise self._partial(stream, exc, lines) from None
+        except PublishError as exc:
+            if getattr(exc, "index", None) is None:
+                raise
+            raise PublishError(f"line {lines[exc.index]}: {exc.reason}") from None
+
+    def _partial(self, stream, exc, lines):
+        """What was published, what may have been, and how to resume without duplicates."""
+        for entry_id in exc.ids:  # the ids of what was stored, as a complete run prints them
+            self.stdout.write(entry_id)
+        done, total = len(exc.ids), len(lines)
+        cause = f"Redis failed ({type(exc.cause).__name__}: {exc.cause})"
+        if not done and not exc.in_doubt:
+            return CommandError(f"nothing was published: {cause}.")
+        parts = [f"{cause} after it published {done} of {total} messages"]
+        if done:
+            parts[0] += f" (lines 1-{lines[done - 1]}), last id {exc.ids[-1]} (printed above)"
+        resume_line = lines[done]
+        if exc.in_doubt:
+            last_doubt = lines[done + exc.in_doubt - 1]
+            after = f"({exc.ids[-1]}" if done else "-"
+            parts.append(f"lines {resume_line}-{last_doubt} may or may not have been stored (the connection broke while "
+                         f"they were sent; check with XRANGE {stream} {after} +)")
+            if done + exc.in_doubt < total:
+                parts.append(f"nothing after line {last_doubt} was published")
+            parts.append(f"to resume: tail -n +{resume_line} FILE | python manage.py publish {stream} - "
+                         f"(from line {last_doubt + 1} if those were stored)")
+        else:
+            parts.append(f"nothing from line {resume_line} on was published")
+            parts.append(f"to resume: tail -n +{resume_line} FILE | python manage.py publish {stream} -")
+        return CommandError("; ".join(parts) + ".")
 
     def _parse(self, text, where):
         try:
