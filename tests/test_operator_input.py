@@ -248,3 +248,40 @@ def test_publish_from_stdin_names_the_real_line_of_a_bad_message_among_blank_lin
     with pytest.raises(CommandError, match=r"nothing was published: line 4: payload is \d+ bytes"):
         call_command("publish", "jobs", "-")
     assert snapshot(redis) == {}
+
+
+# -- admin bulk replay interrupted ----------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_admin_replay_of_all_interrupted_by_redis_reports_what_was_replayed(staff_client, redis_factory, use_redis,
+                                                                           monkeypatch):
+    from django.contrib.admin.models import LogEntry
+
+    from streams_app.admin import mirror, model_admins
+    from streams_app.models import DeadLetter
+
+    server = redis_factory()
+    use_redis(server)
+    conn = server.client()
+    dead_letter(conn, [{"n": n} for n in range(450)])
+    mirror.sync_all()
+    real, calls = model_admins.replay, []
+
+    def replay_then_lose_redis(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            server.stop()  # Redis goes away after two batches (ACTION_BATCH = 200) were replayed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_admins, "replay", replay_then_lose_redis)
+    client = staff_client("streams_app.replay_deadletter")
+    pks = list(DeadLetter.objects.values_list("pk", flat=True))
+    response = client.post("/admin/streams_app/deadletter/", {
+        "action": "replay_selected", "_selected_action": [str(pks[0])], "select_across": "1", "post": "yes"},
+        follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert not any("Nothing was changed" in m for m in shown), shown
+    assert any("Replayed 400 dead letters before Redis failed" in m and "the other 50 were not replayed" in m
+               for m in shown), shown
+    assert LogEntry.objects.count() == 400
+    assert DeadLetter.objects.count() == 50

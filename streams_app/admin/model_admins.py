@@ -8,6 +8,7 @@ admin_views.py.
 import json
 from itertools import groupby
 
+import redis
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION
 from django.urls import path, reverse
@@ -22,7 +23,7 @@ from streams_app.admin import views as admin_views
 from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
-from streams_app.connection import get_connection
+from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from streams_app.deadletters.replay import replay
@@ -241,13 +242,18 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             return self._confirm(request, queryset, "replay_selected", "Replay dead letters",
                                  "Each goes back to its origin stream for the group that failed it only.")
         replayed, gone = 0, 0
-        for (stream, group), batch in _batches(queryset):
+        batches = list(_batches(queryset))
+        for done, ((stream, group), batch) in enumerate(batches):
             by_entry = {d["entry_id"]: d for d in batch}
             try:
                 result = replay(stream, group, ids=list(by_entry))
             except ReplayError as exc:
                 self.message_user(request, f"{stream}:{group}: {exc}", messages.ERROR)
                 continue
+            except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
+                # Each batch is one script: the ones before were replayed, this one and the rest were not.
+                _interrupted(self, request, exc, "Replayed", "replayed", replayed, batches[done:])
+                break
             log_actions(request, DeadLetter, [
                 (by_entry[old]["pk"], f"{stream} {old}", f"Replayed to group {group} of {stream} as entry {new}")
                 for old, new in result.replayed
@@ -255,8 +261,13 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             replayed += len(result.replayed)
             gone += len(result.skipped)
             DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
-        _report(self, request, replayed, gone, "Replayed")
-        mirror.try_sync()
+        else:
+            _report(self, request, replayed, gone, "Replayed")
+            mirror.try_sync()
+            return None
+        if gone:
+            _report(self, request, 0, gone, "Replayed")
+        return None
 
     @admin.action(permissions=["delete_deadletter"], description="Delete selected dead letters")
     def delete_selected_dead_letters(self, request, queryset):
@@ -265,11 +276,16 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
                                  "Deleted dead letters are gone from Redis for good: they cannot be replayed.")
         conn = get_connection()
         deleted, gone = 0, 0
-        for (stream, _group), batch in _batches(queryset):
-            pipe = conn.pipeline(transaction=False)
+        batches = list(_batches(queryset))
+        for done, ((stream, _group), batch) in enumerate(batches):
+            pipe = conn.pipeline(transaction=True)  # a batch is deleted whole or not at all
             for d in batch:
                 pipe.xdel(keys.dead_letter_key(stream), d["entry_id"])
-            outcomes = pipe.execute()
+            try:
+                outcomes = pipe.execute()
+            except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
+                _interrupted(self, request, exc, "Deleted", "deleted", deleted, batches[done:])
+                return None
             log_actions(request, DeadLetter, [
                 (d["pk"], f"{stream} {d['entry_id']}", f"Deleted dead letter {d['entry_id']} of {stream}")
                 for d, n in zip(batch, outcomes) if n
@@ -279,6 +295,17 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
         _report(self, request, deleted, gone, "Deleted")
         mirror.try_sync()
+
+
+def _interrupted(model_admin, request, exc, verb, participle, done, remaining):
+    """Redis failed part-way through a bulk action: say what was done and what was not, never "nothing"."""
+    left = sum(len(batch) for _, batch in remaining)
+    model_admin.message_user(
+        request,
+        f"{verb} {done} dead letter{'s' if done != 1 else ''} before Redis failed ({type(exc).__name__}: {exc}); "
+        f"the other {left} were not {participle}. They are still listed: select them again when Redis is back.",
+        messages.ERROR,
+    )
 
 
 def _batches(queryset):
