@@ -41,7 +41,8 @@ ACK_WARNING = ("Acknowledging skips processing: the handler will never run for t
 
 
 def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+    # Entries come from any producer: bytes that are not UTF-8 are shown escaped (\\xNN), never a 500.
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
 def group_consumers(group, conn=None):

@@ -113,3 +113,19 @@ def test_null_lag_is_estimated_and_marked_in_the_admin_and_the_metrics(staff_cli
     [lag] = families["shoal_group_lag"].samples
     [estimated] = families["shoal_group_lag_estimated"].samples
     assert lag.value == 9 and estimated.value == 1
+
+
+def test_a_pending_entry_with_invalid_utf8_shows_escaped_on_the_pending_page(staff_client, redis_server, redis):
+    import redis as redis_py
+
+    raw = redis_py.Redis(port=redis_server.port)
+    raw.xgroup_create("jobs", "a", id="$", mkstream=True)
+    raw.xadd("jobs", {"payload": b"\xc3\x28 caf\xe9"})
+    raw.xreadgroup("a", b"c\xff1", {"jobs": ">"})  # a consumer name that is not UTF-8 either
+    client = staff_client()
+    assert client.get("/admin/").status_code == 200
+    group = ConsumerGroup.objects.get(stream__name="jobs", name="a")
+    page = client.get(f"/admin/streams_app/consumergroup/{group.pk}/pending/")
+    assert page.status_code == 200
+    assert "\\xc3( caf\\xe9" in page.content.decode()
+    assert client.get(f"/admin/streams_app/consumergroup/{group.pk}/change/").status_code == 200
