@@ -106,3 +106,33 @@ def test_db_guard_with_the_savepoint_rule_commits_every_message(redis, run, proc
     assert worker.wait(60) == 0, worker.output()
     assert len(process_database.rows("SELECT name FROM testapp_effect")) == 4
     assert redis.xlen(keys.dead_letter_key("dbsavepoint")) == 0
+
+
+def test_publish_whose_connection_is_killed_mid_batch_names_the_lines_in_doubt(redis, redis_server):
+    """CLIENT PAUSE holds the first batch's MULTI/EXEC; CLIENT KILL then cuts the connection under it.
+    The command must not claim "nothing was published": it names the batch that may have been stored."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    redis.client_pause(60_000, all=False)
+    try:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "publish", "jobs", "-"], cwd=ROOT, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdin.write("\n".join(json.dumps({"n": n}) for n in range(2500)) + "\n")
+        proc.stdin.close()
+        [client] = wait_for(lambda: [c for c in redis.client_list() if "x" in c["flags"]], timeout=60,
+                            what="the publish command's MULTI held by the pause")
+        redis.client_kill_filter(_id=client["id"])
+    finally:
+        redis.client_unpause()
+    assert proc.wait(60) == 1
+    err = proc.stderr.read()
+    assert "nothing was published" not in err and "Traceback" not in err, err
+    assert "published 0 of 2500 messages" in err
+    assert "lines 1-1000 may or may not have been stored" in err and "XRANGE jobs - +" in err
+    assert "nothing after line 1000 was published" in err and "tail -n +1" in err
+    assert redis.xlen("jobs") == 0  # what the pause held was never run
