@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-requirements
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps system-deps bench clean
+.PHONY: run test test-fast lint deps system-deps bench clean
 
 deps: $(STAMP)
 
@@ -20,8 +20,16 @@ system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
-test: deps system-deps
+# `make test`: lint, then the whole suite. `make test-fast`: everything but the tests marked `slow`
+# (several real processes each: gunicorn, supervisors, the chaos run, a browser); see pytest.ini.
+test: deps system-deps lint
 	$(VENV)/bin/pytest
+
+test-fast: deps system-deps lint
+	$(VENV)/bin/pytest -m "not slow"
+
+lint: deps
+	$(VENV)/bin/ruff check .
 
 run: deps system-deps
 	$(PY) -m project.devrun

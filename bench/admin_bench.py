@@ -29,7 +29,7 @@ def timed(fn, repeat=1):
 def fill_dead_letters(client, stream, count, start=0):
     pipe = client.pipeline(transaction=False)
     for n in range(start, start + count):
-        pipe.xadd("{%s}:dlq" % stream, {
+        pipe.xadd(f"{{{stream}}}:dlq", {
             "payload": json.dumps({"order": n, "sku": None}), "origin_stream": stream, "origin_id": f"1-{n}",
             "group": "email", "consumer": "bench", "deliveries": "5", "error": "KeyError: 'sku'",
             "traceback": "Traceback (most recent call last):\n  ...\nKeyError: 'sku'", "failed_at": str(int(time.time() * 1000)),

@@ -84,7 +84,7 @@ def main():
         # Default pending timeout; the dead worker is found by its lapsed liveness deadline instead.
         alive = {"CONSUMER_TTL": 1.5, "CLAIM_INTERVAL_MS": 500}
         run(server, client, args.messages, alive,
-            f"liveness (consumer ttl 1.5 s, claim every 500 ms)")
+            "liveness (consumer ttl 1.5 s, claim every 500 ms)")
     finally:
         server.stop()
 

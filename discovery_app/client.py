@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from discovery_app import keys
 from discovery_app.balancers import key_of, make_strategy
-from discovery_app.breaker import HALF_OPEN, Breakers
+from discovery_app.breaker import Breakers
 from discovery_app.conf import get_settings
 from discovery_app.connection import TRANSIENT_ERRORS
 from discovery_app.exceptions import ServiceNotAvailable

@@ -2,7 +2,7 @@
 
 Health is judged on the Redis server's clock (``ServiceRegistry.fetch``), as the client does.
 """
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from django.db import transaction
 from django.utils import timezone as dj_timezone
@@ -12,7 +12,7 @@ from discovery_app.registry import ServiceRegistry
 
 
 def _when(seconds):
-    return datetime.fromtimestamp(seconds, timezone.utc) if seconds else None
+    return datetime.fromtimestamp(seconds, UTC) if seconds else None
 
 
 def sync_instances(registry=None, now=None):

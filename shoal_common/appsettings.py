@@ -3,7 +3,7 @@
 Read lazily and cached; the cache is dropped when a test changes the setting (``setting_changed``).
 Validation is each app's system checks' job, so a malformed dict falls back to the defaults here.
 """
-from functools import lru_cache
+from functools import cache
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -12,7 +12,7 @@ from django.core.signals import setting_changed
 def namespaced_settings(name, defaults):
     """Return ``get_settings()``: ``settings.<name>`` merged over ``defaults``."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def get_settings():
         user = getattr(settings, name, None) or {}
         return {**defaults, **(user if isinstance(user, dict) else {})}

@@ -47,8 +47,7 @@ class Message:
 
     def decode(self):
         """Decode payload and headers now; raises PayloadDecodeError for poison input."""
-        self.payload
-        self.headers
+        _ = self.payload, self.headers  # both are decoding properties
 
     @property
     def payload(self):

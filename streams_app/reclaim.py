@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import redis
 from django.db import DatabaseError
@@ -232,7 +232,7 @@ class Reclaimer:
         from streams_app.models import GroupSnapshot, ProcessedMessage
 
         interval_ms = int(self.config["SNAPSHOT_INTERVAL"] * 1000)
-        taken_at = datetime.fromtimestamp(now, timezone.utc)
+        taken_at = datetime.fromtimestamp(now, UTC)
         rows = []
         by_stream = {}
         for spec in self.specs:

@@ -3,13 +3,13 @@
 redis-py's Script sends EVALSHA and falls back to loading the script, so a restarted Redis or a
 pipeline (which loads scripts before executing) needs nothing special.
 """
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 _DIR = Path(__file__).resolve().parent / "lua"
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name):
     return (_DIR / f"{name}.lua").read_text()
 

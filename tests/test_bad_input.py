@@ -9,7 +9,6 @@ The limits these tests enforce are listed in README.md ("Limits").
 import io
 import json
 import os
-import signal
 import sys
 import textwrap
 from urllib.parse import quote
@@ -22,7 +21,6 @@ from django.core.management import CommandError, call_command
 from streams_app import publish, publish_many
 from streams_app.conf import get_settings
 from streams_app.exceptions import PublishError
-from tests.conftest import ConsumerProcess
 from tests.streams_app.admin.fixtures import dead_letter
 
 LIMIT = get_settings()["MAX_PAYLOAD_BYTES"]

@@ -16,7 +16,7 @@ reclaim pass. Redis stays untouched: actions read the real entries from Redis, n
 """
 import logging
 import re
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import redis
 from django.apps import apps
@@ -59,7 +59,7 @@ def entry_sort_key(entry_id):
 
 
 def ms_to_datetime(ms):
-    return datetime.fromtimestamp(int(ms) / 1000, timezone.utc)
+    return datetime.fromtimestamp(int(ms) / 1000, UTC)
 
 
 def error_type(error):

@@ -236,7 +236,7 @@ class GroupLoop:
             min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
             pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
         entries = []
-        for (entry_id, deliveries), claimed in zip(due, pipe.execute()):
+        for (_, deliveries), claimed in zip(due, pipe.execute()):
             # Deleted from the stream: Redis drops it from the PEL and returns nothing.
             entries.extend((_str(i), f, deliveries + 1) for i, f in claimed if f)
         return entries

@@ -93,7 +93,7 @@ class Worker:
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
         self.forget_liveness()
         broadcast.stop_listener()
-        logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(l.handled for l in self.loops))
+        logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(loop.handled for loop in self.loops))
         return self.exit_code
 
     def boot(self):

@@ -6,7 +6,8 @@ The same seed gives the same schedule; process timing itself is the machine's.
 """
 import random
 from dataclasses import dataclass
-from pathlib import Path
+
+from tests.processes import children, cmdline
 
 GROUPS = ("effects", "flaky")
 
@@ -41,24 +42,6 @@ def schedule(seed, duration, *, worker_kills, master_kills, hups, redis_restarts
     add("hup", hups)
     add("restart_redis", redis_restarts, late=duration * 0.8, pause=(0.0, 2.0), group=False)
     return sorted(faults, key=lambda f: f.at)
-
-
-def children(pid):
-    """Pids of the direct children of ``pid`` (empty once it is gone)."""
-    found = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(p) for p in path.read_text().split()]
-        except OSError:
-            pass
-    return sorted(set(found))
-
-
-def cmdline(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
 
 
 def workers(master_pid):

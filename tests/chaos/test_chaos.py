@@ -64,7 +64,7 @@ STREAMS = {
     "SHUTDOWN_TIMEOUT": 10,
     "SNAPSHOT_INTERVAL": 5,
 }
-DLQ = "{%s}:dlq" % CHAOS_STREAM
+DLQ = f"{{{CHAOS_STREAM}}}:dlq"
 HANDLED = "chaos:flaky:handled"
 
 
@@ -116,7 +116,7 @@ class Cluster:
         for group in faults.GROUPS:
             self.start_master(group)
         self.reclaimer = ConsumerProcess(["--interval", "0.5", "-v", "1"], self.env, command="runreclaimer")
-        for group, master in self.masters.items():
+        for master in self.masters.values():
             master.wait_for_output("is consuming", timeout=60)
         self.reclaimer.wait_for_output("Reclaimer: watching", timeout=60)
 

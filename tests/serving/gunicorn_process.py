@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from project.cpus import available_cpus
+from tests.processes import children, cmdline
 from tests.redis_server import free_port
 from tests.waiting import wait_for
 
@@ -15,19 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def children_of(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        # The comm field may contain spaces; ppid is the second field after its closing parenthesis.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"web_registration" not in cmdline:
-            found.append(int(entry))
-    return sorted(found)
+    """The gunicorn workers of master ``pid`` (its children, less the discovery registration process)."""
+    return [child for child in children(pid) if "web_registration" not in cmdline(child)]
 
 
 def get(port, path, timeout=10):

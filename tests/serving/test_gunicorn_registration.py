@@ -1,9 +1,11 @@
 """A real gunicorn master registers itself in the discovery registry and deregisters when it stops."""
+import os
 import signal
 
 import pytest
 
 from discovery_app.registry import ServiceRegistry
+from tests.processes import children_running
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -23,23 +25,16 @@ def test_gunicorn_registers_the_web_instance_and_deregisters_on_stop(gunicorn, r
 
 def test_the_registration_process_stops_cleanly_on_sigterm(gunicorn, redis, settings):
     # `make run` (honcho) and Ctrl-C signal the whole process group, the registration process too.
-    import os
-    from pathlib import Path
-
+    # The registration process is looked for only among this gunicorn's children: other checkouts on
+    # this host run their own, and signalling one of theirs failed their tests.
     server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test"})
     registry = ServiceRegistry()
     wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
+    [registration] = children_running(server.proc.pid, "project.web_registration")
 
-    def registration_pid():
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and b"web_registration" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    return int(entry)
-            except OSError:
-                continue
-
-    os.kill(registration_pid(), signal.SIGTERM)
+    os.kill(registration, signal.SIGTERM)
     wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=30, what="deregistered on SIGTERM")
-    wait_for(lambda: registration_pid() is None, timeout=30, what="the registration process gone")
+    wait_for(lambda: not children_running(server.proc.pid, "project.web_registration"), timeout=30,
+             what="the registration process gone")
     output = "".join(server.lines)
     assert "Fatal Python error" not in output, output[-2000:]

@@ -12,6 +12,7 @@ from streams_app.models import GroupSnapshot
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.waiting import wait_for
+from datetime import UTC
 
 pytestmark = pytest.mark.django_db  # a pass ends with snapshots, stored in the database
 
@@ -149,9 +150,9 @@ def test_snapshots_rows_gauges_and_pruning(redis):
 
 
 def _utc(seconds):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(seconds, timezone.utc)
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def test_a_stop_request_finishes_the_current_pass_and_returns(redis):

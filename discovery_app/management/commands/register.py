@@ -74,6 +74,6 @@ class Command(BaseCommand):
             except queue.Empty:
                 if registrar.deregistered_by_operator:
                     registrar.stop()
-                    raise CommandError(f"{registrar.instance_id} was deregistered by an operator; stopping.", returncode=1)
+                    raise CommandError(f"{registrar.instance_id} was deregistered by an operator; stopping.", returncode=1) from None
         registrar.stop()
         self.stdout.write(f"Deregistered {registrar.instance_id} ({signal.Signals(signum).name})")

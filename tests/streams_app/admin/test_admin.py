@@ -158,7 +158,7 @@ def test_replay_with_an_edited_payload_validates_json_confirms_and_replays_it(st
 
 
 def test_replay_all_matching_the_filter_covers_thousands_and_only_the_filter(staff_client, redis):
-    in_a = dead_letter(redis, [{"n": n} for n in range(1200)])
+    dead_letter(redis, [{"n": n} for n in range(1200)])
     in_b = dead_letter(redis, [{"n": n} for n in range(3)], group="b")
     client = staff_client("streams_app.replay_deadletter")
     client.get(CHANGELIST)

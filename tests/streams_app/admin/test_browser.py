@@ -87,7 +87,7 @@ def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_re
     publish_many("jobs", orders)
     history.take()
     for done in (100, 200):
-        run_until(loop, lambda: len(handled()) >= done)
+        run_until(loop, lambda done=done: len(handled()) >= done)
         history.take()
     run_until(loop, lambda: len(handled()) == 299 and redis.xlen(keys.dead_letter_key("jobs")) == 1)
     history.take()

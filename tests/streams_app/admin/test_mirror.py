@@ -9,6 +9,7 @@ from streams_app.models import ConsumerGroup, DeadLetter, GroupSnapshot, MirrorS
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.streams_app.admin.fixtures import dead_letter, pending
+from datetime import UTC
 
 pytestmark = pytest.mark.django_db
 
@@ -86,9 +87,9 @@ def test_a_failed_sync_is_recorded_and_try_sync_returns_the_last_good_copy(redis
 
 
 def test_throughput_is_the_rate_of_acknowledged_entries():
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [GroupSnapshot(taken_at=t0, lag=100, pending=0, consumers=1, dead_letters=0, entries_read=0),
             GroupSnapshot(taken_at=t0 + timedelta(minutes=2), lag=40, pending=20, consumers=1, dead_letters=0, entries_read=60)]
     series = series_from(rows)

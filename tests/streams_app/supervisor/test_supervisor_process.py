@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from tests.processes import children, cmdline
 from tests.redis_server import free_port
 from tests.waiting import wait_for
 
@@ -30,27 +31,8 @@ def publish(client, stream, payloads):
     return pipe.execute()
 
 
-def children(pid):
-    found = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    except FileNotFoundError:
-        pass
-    return found
-
-
-def title(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
 def workers(master, state="consuming"):
-    return [pid for pid in children(master.pid) if f"runconsumer worker {state}" in title(pid)]
+    return [pid for pid in children(master.pid) if f"runconsumer worker {state}" in cmdline(pid)]
 
 
 def pid_of(consumer):
@@ -371,7 +353,7 @@ def test_a_hup_that_arrives_while_the_master_starts_does_not_kill_it(redis, supe
 
     def ignores_hup():
         status = open(f"/proc/{master.pid}/status").read()
-        mask = int(next(l for l in status.splitlines() if l.startswith("SigIgn:")).split()[1], 16)
+        mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
         return mask & (1 << (signal.SIGHUP - 1))
 
     # As soon as manage.py runs: Django is still starting, the supervisor's handlers are not in place.
