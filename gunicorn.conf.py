@@ -1,6 +1,6 @@
 """gunicorn settings for Shoal, picked up by ``gunicorn project.wsgi`` run from the repository root.
 
-gunicorn's master is the pre-fork master of seed 001: it forks the workers, restarts dead ones,
+gunicorn's master is the web tier's pre-fork master: it forks the workers, restarts dead ones,
 recycles them after ``max_requests``, and on ``kill -HUP $(cat var/gunicorn.pid)`` starts new
 workers with freshly imported code before stopping the old ones gracefully. This file adds what
 gunicorn does not do: the worker count from the CPUs the container may use, Prometheus metrics

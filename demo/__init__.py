@@ -1,1 +1,1 @@
-"""A small demo for `make run`: an `orders` stream with groups `email` and `points` (seed 004)."""
+"""A small demo for `make run`: an `orders` stream with groups `email` and `points`."""

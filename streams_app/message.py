@@ -7,7 +7,7 @@ import json
 
 from streams_app.exceptions import PayloadDecodeError
 
-PAYLOAD_FIELDS = (b"payload", b"data")  # seed 004 publishes under "data"; both are read.
+PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; both are read.
 
 _UNSET = object()
 

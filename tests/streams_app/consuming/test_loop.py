@@ -66,7 +66,7 @@ def test_poison_payload_does_not_block_the_rest(redis, make_loop):
 
 
 def test_data_field_is_accepted_as_payload(redis, make_loop):
-    entry = redis.xadd("jobs", {"data": '{"from": "seed 004"}'})
+    entry = redis.xadd("jobs", {"data": '{"from": "an older producer"}'})
     loop = make_loop()
     run_until(loop, lambda: redis.llen("handled:jobs:a") == 1)
     assert redis.lrange("handled:jobs:a", 0, -1) == [entry]
