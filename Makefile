@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-requirements
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint deps system-deps bench clean
+.PHONY: run dev-env shell test test-fast lint deps system-deps bench clean
 
 deps: $(STAMP)
 
@@ -32,7 +32,16 @@ lint: deps
 	$(VENV)/bin/ruff check .
 
 run: deps system-deps
-	$(PY) -m project.devrun
+	@$(PY) -m project.devrun
+
+# What `make run` prepares (.venv, Redis choice in var/env, migrations, the admin user), without running it.
+dev-env: deps system-deps
+	@$(PY) -m project.devrun --prepare-only
+
+# A shell with .venv activated: `python manage.py ...` then works as the README shows.
+shell: deps
+	@echo "Shoal: .venv is active in this shell; exit to leave it."
+	@VIRTUAL_ENV="$(CURDIR)/$(VENV)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec "$${SHELL:-/bin/sh}" -i
 
 bench: deps system-deps
 	$(PY) bench/throughput.py

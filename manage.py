@@ -21,6 +21,11 @@ def _ignore_pool_signals_until_ready(argv):
 
 def main():
     _ignore_pool_signals_until_ready(sys.argv)
+    # What `make run` chose (var/env: REDIS_URL, DEBUG, SHOAL_DEMO), so that the README's commands
+    # work in any shell of this checkout; the environment's own values win.
+    from project.devenv import load_dev_env
+
+    load_dev_env()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 

@@ -1,13 +1,18 @@
 """`make run`: migrate, find or start a Redis, then run the Procfile.dev processes in the foreground.
 
 Redis, in order: $REDIS_URL if set; else the local one on 127.0.0.1:6379; else a private
-redis-server started here with its data under var/redis. One Ctrl-C stops everything.
+redis-server started here with its data under var/redis. The choice is written to var/env
+(project/devenv.py) so that ``manage.py`` in another shell uses the same Redis and the demo app.
+``--prepare-only`` (`make dev-env`) stops there. One Ctrl-C stops everything, and a clean stop
+exits 0.
 
 On the first run it creates a superuser ``admin`` with a generated password, printed once and kept
 in var/admin-password (mode 0600) for later.
 """
+import argparse
 import os
 import secrets
+import signal
 import shutil
 import subprocess
 import sys
@@ -16,10 +21,12 @@ from pathlib import Path
 
 import redis
 
+from project.devenv import env_path, write_env
+
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 PRIVATE_PORT = 6390
-WEB = "http://127.0.0.1:8000"
+DEFAULT_WEB_PORT = 8000
 ADMIN_USER = "admin"
 
 
@@ -87,26 +94,74 @@ def create_admin_once(python, env, var=VAR):
     return password
 
 
-def main():
+def prepare():
+    """Choose Redis, write var/env, migrate, create the admin once; return the processes' environment."""
     VAR.mkdir(exist_ok=True)
     url, where = choose_redis()
-    env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1"), "SHOAL_DEMO": "1",
-           "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "project.settings"}
+    chosen = {"REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1"), "SHOAL_DEMO": "1"}
+    write_env(chosen)
+    env = {**os.environ, **chosen, "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "project.settings"}
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True)
-    print(f"Shoal: Redis at {url} ({where}); database {env.get('DATABASE_URL', 'var/db.sqlite3')}", flush=True)
+    print(f"Shoal: Redis at {url} ({where}); database {env.get('DATABASE_URL', 'var/db.sqlite3')}; "
+          f"written to {env_path().relative_to(ROOT) if env_path().is_relative_to(ROOT) else env_path()}", flush=True)
     password = create_admin_once(python, env)
     if password:
         print(f"Shoal: created the admin user {ADMIN_USER!r} with password {password}\n"
               f"       (shown this once; kept in var/admin-password, readable by you only)", flush=True)
     elif (VAR / "admin-password").exists():
         print(f"Shoal: admin user {ADMIN_USER!r}; its password is in var/admin-password", flush=True)
-    print(f"Shoal: admin at {WEB}/admin/   metrics {WEB}/metrics   health {WEB}/healthz {WEB}/readyz", flush=True)
-    print("Shoal: starting Procfile.dev: gunicorn on 127.0.0.1:8000, consumers for orders:email and "
-          "orders:points, and a producer.", flush=True)
-    honcho = Path(python).with_name("honcho")
-    os.execve(str(honcho), [str(honcho), "-f", str(ROOT / "Procfile.dev"), "start"], {**env, "PATH": f"{Path(python).parent}:{env.get('PATH', '')}"})
+    return env
+
+
+def web_port():
+    raw = os.environ.get("SHOAL_WEB_PORT", str(DEFAULT_WEB_PORT))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        sys.exit(f"SHOAL_WEB_PORT={raw!r} is not a port number; use e.g. SHOAL_WEB_PORT=8001.")
+    return int(raw)
+
+
+def run_procfile(env, port):
+    """Run Procfile.dev under honcho until Ctrl-C; return 0 for a requested stop."""
+    python = Path(sys.executable)
+    honcho = python.with_name("honcho")
+    # The terminal's Ctrl-C reaches honcho too (same process group); honcho stops the processes
+    # with TERM and exits 130. That is the normal way to stop, so it is not reported as a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    proc = subprocess.Popen([str(honcho), "-f", str(ROOT / "Procfile.dev"), "start", "-p", str(port)], cwd=ROOT,
+                            env={**env, "PATH": f"{python.parent}:{env.get('PATH', '')}"},
+                            restore_signals=True)
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except InterruptedError:
+            continue
+    if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
+        print("Shoal: stopped.", flush=True)
+        return 0
+    return code
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Run Shoal locally (make run), or only prepare it (make dev-env).")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="Choose Redis, write var/env, migrate and create the admin; run nothing.")
+    args = parser.parse_args(argv)
+    port = web_port()
+    env = prepare()
+    web = f"http://127.0.0.1:{port}"
+    if args.prepare_only:
+        print("Shoal: ready. In any shell here: `source .venv/bin/activate` (or `make shell`), then "
+              "`python manage.py ...`; `make run` starts everything.", flush=True)
+        return 0
+    print(f"Shoal: admin at {web}/admin/   metrics {web}/metrics   health {web}/healthz {web}/readyz", flush=True)
+    print(f"Shoal: starting Procfile.dev: gunicorn on 127.0.0.1:{port}, consumers for orders:email and "
+          "orders:points, the reclaimer and a producer. Ctrl-C stops them all.", flush=True)
+    return run_procfile(env, port)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

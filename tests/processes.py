@@ -29,3 +29,12 @@ def cmdline(pid):
 def children_running(pid, text):
     """Children of ``pid`` whose command line contains ``text``."""
     return [child for child in children(pid) if text in cmdline(child)]
+
+
+def descendants(pid):
+    """Every process below ``pid`` (children, their children, ...), deepest last."""
+    found, frontier = [], children(pid)
+    while frontier:
+        found += frontier
+        frontier = [grandchild for child in frontier for grandchild in children(child)]
+    return found

@@ -1,0 +1,124 @@
+"""The README's quick start, run as written: from a clean clone, `make run`, then its commands in a new shell.
+
+The clone is a ``git clone`` of this checkout's HEAD into a temporary directory. Its ``.venv`` is a
+link to the one this test runs in (installing packages is ``make deps``' job, and tests have no
+network); everything else is the clone's own: ``var/``, the SQLite database, ``var/env``. The
+commands of each README block marked ``<!-- quick-start: ... -->`` run verbatim in ``bash`` with a
+fresh environment: no virtualenv, no ``REDIS_URL``, no Django settings, only ``PATH`` and ``HOME``.
+``make run`` gets its own Redis (``REDIS_URL``) and a free web port (``SHOAL_WEB_PORT``), never the
+shared ones, and is stopped the way a terminal's Ctrl-C stops it: SIGINT to its process group.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.processes import descendants
+from tests.redis_server import free_port
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"<!-- quick-start: (?P<name>[^>]*?) -->\n```sh\n(?P<body>.*?)```", re.S)
+FRESH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+
+
+def quick_start_blocks(readme_text):
+    return {m["name"]: m["body"] for m in BLOCK.finditer(readme_text)}
+
+
+def test_the_readme_marks_its_quick_start_blocks():
+    blocks = quick_start_blocks((ROOT / "README.md").read_text())
+    assert list(blocks) == ["second shell", "a message that fails", "replay from the shell"]
+    assert "make run" in (ROOT / "README.md").read_text().split("<!-- quick-start: second shell -->")[0]
+
+
+class MakeRun:
+    def __init__(self, clone, env):
+        self.lines = []
+        self.proc = subprocess.Popen(["make", "run"], cwd=clone, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def output(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout=120):
+        def seen():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"make run exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
+            return re.search(pattern, self.output())
+        return wait_for(seen, timeout=timeout, interval=0.2, what=f"{pattern!r} in make run's output")
+
+    def ctrl_c(self):
+        os.killpg(self.proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the foreground process group
+
+    def kill_everything(self):
+        for pid in [*reversed(descendants(self.proc.pid)), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def clone(tmp_path):
+    target = tmp_path / "shoal"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(target)], check=True)
+    venv = Path(sys.prefix)
+    (target / ".venv").symlink_to(venv)
+    stamp = venv / ".installed-requirements"
+    if stamp.exists():  # the clone's requirements.txt is as new as the clone: not a reason to reinstall
+        older = stamp.stat().st_mtime - 60
+        os.utime(target / "requirements.txt", (older, older))
+    return target
+
+
+def shell(clone, script, timeout=120):
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=clone, env=FRESH_ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{script}\nexited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factory):
+    blocks = quick_start_blocks((clone / "README.md").read_text())
+    server = redis_factory()
+    run = MakeRun(clone, {**FRESH_ENV, "REDIS_URL": server.url, "SHOAL_WEB_PORT": str(free_port())})
+    try:
+        run.wait_for(r"Shoal: starting Procfile\.dev", timeout=240)
+        run.wait_for(r"email: confirmation for order \d+", timeout=120)
+        run.wait_for(r"points: \+\d+ points", timeout=60)
+
+        out = shell(clone, blocks["second shell"])
+        assert "shoal-web" in out  # discover: the web tier registered itself
+        run.wait_for(r"email: confirmation for order 1001 ", timeout=60)
+        run.wait_for(r"points: \+12 points for customer ann", timeout=60)
+
+        shell(clone, blocks["a message that fails"])
+        run.wait_for(r"moved 1 entries of orders/email to \{orders\}:dlq", timeout=120)
+
+        lines = [line for line in blocks["replay from the shell"].splitlines() if line.strip()]
+        assert "Would replay 1 dead letters of orders for group email" in shell(clone, lines[0])
+        assert "Replayed 1 dead letters" in shell(clone, "\n".join(lines[1:]))
+        run.wait_for(r"email: confirmation for order 1002 ", timeout=60)
+
+        run.ctrl_c()
+        run.proc.wait(timeout=120)
+        output = run.output()
+        assert "Shoal: stopped." in output, output[-4000:]
+        assert "rc=-15" not in output and "Error 130" not in output and "Traceback" not in output, output[-4000:]
+        for process in ("web", "consumer", "producer", "reclaimer"):
+            assert re.search(rf"{process}\.1 stopped \(rc=0\)", output), output[-4000:]
+    finally:
+        run.kill_everything()
