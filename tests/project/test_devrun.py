@@ -42,3 +42,38 @@ def test_an_existing_admin_without_a_password_file_is_left_alone(env, tmp_path, 
     assert "already exists" in capsys.readouterr().out
     assert not (tmp_path / "admin-password").exists()
     assert login_works(env, first)
+
+
+def test_var_env_fills_in_what_the_environment_lacks(tmp_path):
+    from project.devenv import load_dev_env, read_env, write_env
+
+    path = write_env({"REDIS_URL": "redis://127.0.0.1:6390/0", "DEBUG": "1", "SHOAL_DEMO": "1"}, tmp_path / "env")
+    assert read_env(path) == {"REDIS_URL": "redis://127.0.0.1:6390/0", "DEBUG": "1", "SHOAL_DEMO": "1"}
+    environ = {"REDIS_URL": "redis://elsewhere:6379/0"}
+    assert load_dev_env(environ, path) == ["DEBUG", "SHOAL_DEMO"]
+    assert environ == {"REDIS_URL": "redis://elsewhere:6379/0", "DEBUG": "1", "SHOAL_DEMO": "1"}
+
+
+def test_var_env_is_ignored_under_another_settings_module(tmp_path):
+    from project.devenv import load_dev_env, write_env
+
+    path = write_env({"SHOAL_DEMO": "1"}, tmp_path / "env")
+    environ = {"DJANGO_SETTINGS_MODULE": "tests.settings"}
+    assert load_dev_env(environ, path) == [] and "SHOAL_DEMO" not in environ
+    assert load_dev_env({}, tmp_path / "missing") == []
+
+
+def test_manage_py_reads_var_env_in_a_new_shell(tmp_path):
+    # A second shell after `make run`: nothing exported, yet manage.py finds DEBUG (no SECRET_KEY
+    # needed) and the demo app.
+    from project.devenv import write_env
+
+    var = tmp_path / "var"
+    write_env({"DEBUG": "1", "SHOAL_DEMO": "1"}, var / "env")
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "SHOAL_VAR_DIR": str(var),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    code = "from django.conf import settings; print('demo' in settings.INSTALLED_APPS, settings.DEBUG)"
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
