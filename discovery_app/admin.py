@@ -7,7 +7,7 @@ from discovery_app.models import ServiceInstance
 from discovery_app.registry import ServiceRegistry
 from discovery_app.sync import sync_instances
 from discovery_app.connection import TRANSIENT_ERRORS
-from streams_app.admin.support import MirrorAdmin, confirmation, log_actions
+from shoal_common.admin import MirrorAdmin, confirmation, log_actions
 
 
 class InstanceMirror:

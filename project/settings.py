@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_prometheus",
+    "shoal_common",  # templates both apps' admin pages use (confirmation, mirror age)
     "streams_app",
     "discovery_app",
 ]
@@ -56,7 +57,7 @@ ROOT_URLCONF = "project.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "project" / "templates"],  # the admin index that shows the control-room summary
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

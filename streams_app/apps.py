@@ -8,7 +8,10 @@ class StreamsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from streams_app import checks  # noqa: F401  (registers the system checks)
+        from shoal_common.broadcasting import add_loggers
+        from streams_app import broadcast, checks  # noqa: F401  (registers the system checks and the built-in broadcasts)
+
+        add_loggers("streams_app")
 
         # Like admin.py: every installed app's consumers.py declares its @consumer handlers.
         autodiscover_modules("consumers")

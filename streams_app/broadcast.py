@@ -16,45 +16,28 @@ Pub/sub is at most once: a process that is (re)starting while a message is sent 
 what a process can recompute on its own (caches, log levels); work that must happen goes on a stream.
 
 Built-in types: ``ping`` (each receiver writes its pid into the hash ``data["reply_to"]``, which is how
-``manage.py broadcast ping`` lists the live processes), ``log_level`` (set the level of Shoal's loggers,
-``{"level": "DEBUG"}``, optionally ``"logger": name``) and ``discovery.invalidate`` (drop the local
-discovery cache of ``{"service": name}``).
+``manage.py broadcast ping`` lists the live processes) and ``log_level`` (set the level of the loggers
+the installed apps named with ``shoal_common.broadcasting.add_loggers``, ``{"level": "DEBUG"}``,
+optionally ``"logger": name``). Other apps register their own types from their ``AppConfig.ready()``
+(discovery_app: ``discovery.invalidate``) through ``shoal_common.broadcasting.on_broadcast``.
 """
 import json
 import logging
 import os
-import random
 import socket
 import threading
 import time
 import uuid
 
+from shoal_common.broadcasting import _handlers, dispatch, handlers_for, on_broadcast, shoal_loggers  # noqa: F401
+from shoal_common.pubsub import Subscriber
 from streams_app.conf import setting
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.connection import get_connection
 from streams_app.exceptions import BroadcastError
 
 logger = logging.getLogger("streams_app.broadcast")
 
 PING_REPLY_TTL = 60  # seconds a ping's reply hash outlives the ping
-SHOAL_LOGGERS = ("streams_app", "discovery_app", "demo")
-
-_handlers = {}
-
-
-def on_broadcast(type):
-    """Register ``handler(data)`` for broadcasts of ``type``; several handlers per type run in order."""
-
-    def register(handler):
-        handlers = _handlers.setdefault(type, [])
-        if handler not in handlers:
-            handlers.append(handler)
-        return handler
-
-    return register
-
-
-def handlers_for(type):
-    return list(_handlers.get(type, ()))
 
 
 def encode(type, data=None):
@@ -126,67 +109,12 @@ def broadcast(type, data=None, *, pipeline=None):
     return None if pipeline is not None else receivers
 
 
-def dispatch(raw):
-    """Run the handlers of one received message. A bad message or a failing handler is only logged."""
-    try:
-        envelope = json.loads(raw)
-        type, data = envelope["type"], envelope.get("data")
-    except (ValueError, TypeError, KeyError) as exc:
-        logger.warning("Broadcast: ignoring a message that is not a Shoal broadcast (%s): %.200r", exc, raw)
-        return
-    handlers = handlers_for(type)
-    if not handlers:
-        logger.debug("Broadcast: no handler for %r in this process", type)
-    for handler in handlers:
-        try:
-            handler(data)
-        except Exception:
-            logger.exception("Broadcast: handler %s failed on %r", getattr(handler, "__qualname__", handler), type)
-
-
-class Listener(threading.Thread):
+class Listener(Subscriber):
     """Subscribes to the broadcast channel and runs handlers, until ``stop()``; survives Redis outages."""
 
-    POLL_SECONDS = 1.0
-
     def __init__(self, channel=None):
-        super().__init__(name="shoal-broadcast", daemon=True)
-        self.channel = channel or setting("BROADCAST_CHANNEL")
-        self.stopping = threading.Event()
-        self.subscribed = threading.Event()
-        self.failures = 0
-
-    def run(self):
-        while not self.stopping.is_set():
-            pubsub = None
-            try:
-                pubsub = get_connection().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.channel)
-                self.subscribed.set()
-                if self.failures:
-                    logger.warning("Broadcast: listening on %s again after %d failed attempts", self.channel, self.failures)
-                    self.failures = 0
-                while not self.stopping.is_set():
-                    message = pubsub.get_message(timeout=self.POLL_SECONDS)
-                    if message is not None and message["type"] == "message":
-                        dispatch(message["data"])
-            except TRANSIENT_ERRORS as exc:
-                self.subscribed.clear()
-                self.failures += 1
-                if self.failures == 1:
-                    logger.warning("Broadcast: Redis unreachable (%s); resubscribing with back-off", exc)
-                self.stopping.wait(min(5.0, 0.1 * 2 ** min(self.failures, 6)) * random.uniform(0.5, 1.0))
-            finally:
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except TRANSIENT_ERRORS:
-                        pass
-
-    def stop(self, timeout=None):
-        self.stopping.set()
-        if timeout is not None:
-            self.join(timeout)
+        super().__init__(channel or setting("BROADCAST_CHANNEL"), get_connection, dispatch,
+                         name="shoal-broadcast", log=logger)
 
 
 _listener = None
@@ -233,14 +161,7 @@ def set_log_level(data):
     if not isinstance(logging.getLevelName(level), int):
         logger.warning("Broadcast: log_level %r is not a logging level", data.get("level"))
         return
-    names = [data["logger"]] if data.get("logger") else SHOAL_LOGGERS
+    names = [data["logger"]] if data.get("logger") else shoal_loggers()
     for name in names:
         logging.getLogger(name).setLevel(level)
     logger.info("Broadcast: log level of %s set to %s", ", ".join(names), level)
-
-
-@on_broadcast("discovery.invalidate")
-def invalidate_discovery(data):
-    from discovery_app.client import invalidate
-
-    invalidate((data or {}).get("service"))

@@ -19,10 +19,10 @@ import re
 from datetime import datetime, UTC
 
 import redis
-from django.apps import apps
 from django.db import DatabaseError, transaction
 from django.utils import timezone as dj_timezone
 
+from shoal_common.mirrors import sync_registered
 from streams_app import keys
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
@@ -271,7 +271,7 @@ def prune_dead_letters(stream, conn=None):
 # -- the whole mirror -------------------------------------------------------------------------
 
 def sync_all(conn=None, now=None, dlq_limit=None):
-    """Sync the streams mirror (and the instances mirror when discovery_app is installed).
+    """Sync the streams mirror and the mirrors other apps registered (shoal_common.mirrors).
 
     Records the outcome in MirrorState: Redis errors are recorded and raised again; streams that
     could not be copied are recorded by name (the others are current).
@@ -284,10 +284,7 @@ def sync_all(conn=None, now=None, dlq_limit=None):
     failures = {}
     try:
         sync_streams(conn=conn, now=now, dlq_limit=dlq_limit, failures=failures)
-        if apps.is_installed("discovery_app"):
-            from discovery_app.sync import sync_instances
-
-            sync_instances(now=now)
+        sync_registered(now=now)  # other apps' mirrors (discovery_app's instances), registered in their ready()
     except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
         state.error = f"{type(exc).__name__}: {exc}"
         state.save()

@@ -7,7 +7,7 @@ from streams_app.conf import get_settings
 register = template.Library()
 
 
-@register.inclusion_tag("admin/shoal/summary.html", takes_context=True)
+@register.inclusion_tag("admin/streams_app/summary.html", takes_context=True)
 def shoal_summary(context):
     from streams_app.models import ConsumerGroup, Stream
 
