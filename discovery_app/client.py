@@ -25,6 +25,7 @@ from discovery_app.exceptions import ServiceNotAvailable
 from discovery_app.instance import Instance
 from discovery_app.listener import ChangeListener
 from discovery_app.registry import ServiceRegistry
+from shoal_common.backoff import backoff_delay
 
 logger = logging.getLogger("discovery_app.client")
 
@@ -94,6 +95,7 @@ class DiscoveryClient:
         self._lock = threading.Lock()
         self._registry_down_until = float("-inf")
         self._backoff = 0.0
+        self._failures = 0  # registry fetches failed in a row (the back-off doubles with each)
         self._last_error = None
         self._degraded: dict[str, str] = {}  # service -> "stale" / "panic", to log once per episode
         self._listener = None
@@ -284,10 +286,12 @@ class DiscoveryClient:
         except TRANSIENT_ERRORS as exc:
             with self._lock:
                 self._last_error = exc
-                self._backoff = min(self.backoff_max, max(0.5, self._backoff * 2))
+                self._failures += 1
+                self._backoff = backoff_delay(self._failures, first=0.5, cap=self.backoff_max)
                 self._registry_down_until = self.clock() + self._backoff
             return self._stale(service, entry)
         self._backoff = 0.0
+        self._failures = 0
         self._registry_down_until = float("-inf")
         entry = _Entry(found, self.clock(), server_time - time.time())
         with self._lock:

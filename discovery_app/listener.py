@@ -9,6 +9,7 @@ import logging
 import threading
 
 from discovery_app.connection import TRANSIENT_ERRORS
+from shoal_common.backoff import backoff_delay
 
 logger = logging.getLogger("discovery_app.client")
 
@@ -39,7 +40,7 @@ class ChangeListener:
         return self._thread is not None and self._thread.is_alive()
 
     def run(self):
-        backoff = 0.1
+        failures = 0
         while not self._stop.is_set():
             pubsub = None
             try:
@@ -48,7 +49,7 @@ class ChangeListener:
                 pubsub.get_message(timeout=1.0)  # the subscribe confirmation: we are listening now
                 self.on_reconnect()
                 self.ready.set()
-                backoff = 0.1
+                failures = 0
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None:
@@ -57,14 +58,14 @@ class ChangeListener:
                 if self.ready.is_set():
                     logger.warning("Discovery: lost the change-event subscription (%s); retrying", exc)
                 self.ready.clear()
-                self._stop.wait(backoff)
-                backoff = min(self.backoff_max, backoff * 2)
+                failures += 1
+                self._stop.wait(backoff_delay(failures, first=0.1, cap=self.backoff_max))
             except Exception:
                 # Without events the cache still expires by its TTL: log loudly, keep trying.
                 logger.exception("Discovery: change-event listener failed; restarting it")
                 self.ready.clear()
-                self._stop.wait(backoff)
-                backoff = min(self.backoff_max, backoff * 2)
+                failures += 1
+                self._stop.wait(backoff_delay(failures, first=0.1, cap=self.backoff_max))
             finally:
                 if pubsub is not None:
                     try:

@@ -15,6 +15,7 @@ import threading
 from discovery_app.conf import get_settings
 from discovery_app.connection import TRANSIENT_ERRORS, dedicated_connection
 from discovery_app.registry import ServiceRegistry, build_instance
+from shoal_common.backoff import backoff_delay
 
 logger = logging.getLogger("discovery_app.registrar")
 
@@ -70,7 +71,7 @@ class Registrar:
 
     def run(self):
         registry = self._registry()
-        backoff = 0.0
+        failures = 0
         registered = False
         while not self._stop.is_set():
             try:
@@ -85,15 +86,16 @@ class Registrar:
                     logger.warning("Discovery: %s was deregistered by someone else; heartbeats stop",
                                    self.instance_id)
                     return
-                if backoff:
+                if failures:
                     logger.info("Discovery: the registry is reachable again; %s is registered", self.instance_id)
-                backoff = 0.0
+                failures = 0
                 wait = self.interval
             except Exception as exc:
                 # Transient (connection lost) or not (OOM, READONLY during a failover, a bug): a
                 # heartbeat thread that dies leaves a live instance unlisted for good, so it backs
                 # off and tries again, re-registering in full when it gets through.
-                backoff = min(self.backoff_max, self.interval, max(0.2, backoff * 2))
+                failures += 1
+                backoff = backoff_delay(failures, first=0.2, cap=min(self.backoff_max, self.interval))
                 registered = registered and isinstance(exc, TRANSIENT_ERRORS)
                 logger.warning("Discovery: cannot reach the registry for %s (%s: %s); retrying in %.1f s",
                                self.instance_id, type(exc).__name__, exc, backoff,

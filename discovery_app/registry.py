@@ -7,7 +7,6 @@ disappear together: no reader ever sees an index entry that points at nothing. D
 Redis server's clock (TIME), so clients with skewed clocks agree on who is alive.
 """
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -22,6 +21,7 @@ from discovery_app.conf import setting
 from discovery_app.connection import get_connection
 from discovery_app.exceptions import InvalidRegistration, UnknownInstance
 from discovery_app.instance import Instance
+from shoal_common.text import to_text
 
 logger = logging.getLogger("discovery_app.registry")
 
@@ -101,8 +101,7 @@ return out
 """).encode())
 
 
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+_text = to_text
 
 
 def validate_service(service):

@@ -26,3 +26,13 @@ def error_key(stream, group, entry_id):
 def idempotency_key(stream, group, key):
     """The Redis idempotency guard of ``key`` in ``group``."""
     return f"{hash_tag(stream)}:idem:{group}:{key}"
+
+
+def liveness_key(stream):
+    """Consumer name -> liveness deadline (ms, Redis clock) of the consumers reading ``stream``."""
+    return f"{hash_tag(stream)}:consumers"
+
+
+def snapshot_lock_key(stream, group):
+    """Held briefly by the reclaim daemon that writes the group's snapshot row this interval."""
+    return f"{hash_tag(stream)}:snapshot:{group}"

@@ -5,6 +5,7 @@ once (``decode()`` runs before the handler), the other fields only when asked fo
 """
 import json
 
+from shoal_common.text import to_text
 from streams_app.exceptions import PayloadDecodeError
 
 PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; both are read.
@@ -13,7 +14,7 @@ _UNSET = object()
 
 
 def _text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return str(to_text(value, errors="replace"))
 
 
 def decode_fields(raw):

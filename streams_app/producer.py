@@ -5,9 +5,11 @@ import time
 import redis
 
 from streams_app.conf import setting
+from shoal_common.redis_errors import is_wrongtype
+from shoal_common.text import to_text
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.consuming.groups import key_type
 from streams_app.exceptions import PartialPublishError, PublishError
-from streams_app.consuming.groups import is_wrongtype, key_type
 
 _PIPELINE_CHUNK = 1000
 
@@ -95,7 +97,7 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
         if not is_wrongtype(exc):
             raise
         raise _not_a_stream(conn, stream) from None
-    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return to_text(entry_id)
 
 
 def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
@@ -138,7 +140,7 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
             raise _partial(stream, ids, 0, exc) from None
         except TRANSIENT_ERRORS as exc:
             raise _partial(stream, ids, len(batch), exc) from None
-        ids.extend(i.decode() if isinstance(i, bytes) else i for i in replies)
+        ids.extend(to_text(i) for i in replies)
     return ids
 
 

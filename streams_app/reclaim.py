@@ -25,7 +25,10 @@ from streams_app.consuming import liveness
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from streams_app.consuming.groups import is_nogroup, is_wrongtype, key_type
+from shoal_common.redis_errors import is_missing, is_wrongtype
+from shoal_common.text import to_text
+from streams_app.consuming.groups import key_type
+from streams_app.entry_ids import id_key, next_id
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.reclaim")
@@ -34,23 +37,15 @@ AUDIT_PAGE = 1000
 
 
 def _str(value):
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return to_text(value, errors="backslashreplace")
 
 
-def next_id(entry_id):
-    """The smallest stream id after ``entry_id``."""
-    ms, _, seq = _str(entry_id).partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _id_key(entry_id):
-    ms, _, seq = _str(entry_id).partition("-")
-    return int(ms), int(seq or 0)
+_id_key = id_key
 
 
 def _absent(exc):
     """The stream or group does not exist (yet): its consumers create it when they start."""
-    return is_nogroup(exc) or "no such key" in str(exc)
+    return is_missing(exc)
 
 
 @dataclass
@@ -254,7 +249,7 @@ class Reclaimer:
                     continue
                 lag = info.get("lag")
                 metrics.group_consumers.labels(stream, name).set(info["consumers"])
-                if self.conn.set(f"{keys.hash_tag(stream)}:snapshot:{name}", "1", nx=True, px=max(1, interval_ms - 500)):
+                if self.conn.set(keys.snapshot_lock_key(stream, name), "1", nx=True, px=max(1, interval_ms - 500)):
                     rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,
                                               pending=info["pending"], consumers=info["consumers"], dead_letters=dlq_length,
                                               entries_read=info.get("entries-read")))

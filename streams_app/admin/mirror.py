@@ -23,8 +23,10 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone as dj_timezone
 
 from shoal_common.mirrors import sync_registered
+from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.conf import get_settings
+from streams_app.entry_ids import id_key
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.registry import registered
 
@@ -42,8 +44,7 @@ _ERROR_TYPE = re.compile(r"^([A-Za-z_][\w.]*)\s*:")
 
 def _text(value):
     """A Redis reply as text the database can store (see the module docstring)."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "backslashreplace")
+    value = to_text(value, errors="backslashreplace")
     if isinstance(value, str) and "\x00" in value:
         value = value.replace("\x00", "\\x00")
     return value
@@ -68,9 +69,7 @@ def error_type(error):
     return match.group(1) if match else "other"
 
 
-def _id_key(entry_id):
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+_id_key = id_key
 
 
 # -- streams and groups -----------------------------------------------------------------------

@@ -1,6 +1,4 @@
 """streams_app's admin helpers: the shared ones (shoal_common.admin) and entry-id checks of its own."""
-import re
-
 from django.http import Http404
 
 from shoal_common.admin import (  # noqa: F401  (re-exported for the streams admin modules)
@@ -10,13 +8,11 @@ from shoal_common.admin import (  # noqa: F401  (re-exported for the streams adm
     log_actions,
     redis_unreachable_is_a_message,
 )
-
-ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-
+from streams_app.entry_ids import is_entry_id
 
 def check_entry_ids(ids):
     """Stream entry ids from a form; anything malformed is a 404, never a Redis error."""
     ids = list(dict.fromkeys(ids))
-    if not ids or not all(ENTRY_ID.match(i) for i in ids):
+    if not ids or not all(is_entry_id(i) for i in ids):
         raise Http404("malformed or missing entry ids")
     return ids

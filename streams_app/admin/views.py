@@ -25,7 +25,8 @@ from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import ReplayError
-from streams_app.consuming.groups import is_nogroup
+from shoal_common.redis_errors import is_missing
+from shoal_common.text import to_text
 from streams_app.deadletters.replay import JSON_NULL, replay
 
 PENDING_PAGE_SIZE = 50
@@ -42,7 +43,7 @@ ACK_WARNING = ("Acknowledging skips processing: the handler will never run for t
 
 def _text(value):
     # Entries come from any producer: bytes that are not UTF-8 are shown escaped (\\xNN), never a 500.
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return to_text(value, errors="backslashreplace")
 
 
 def group_consumers(group, conn=None):
@@ -51,7 +52,7 @@ def group_consumers(group, conn=None):
     try:
         rows = conn.xinfo_consumers(group.stream.name, group.name)
     except redis.ResponseError as exc:
-        if is_nogroup(exc) or "no such key" in str(exc):
+        if is_missing(exc):
             return []
         raise
     except TRANSIENT_ERRORS:
@@ -101,7 +102,7 @@ def pending_entries(model_admin, request, object_id):
         summary = conn.xpending(stream, group.name)
         page, next_after = read_pending_page(conn, stream, group.name, after)
     except redis.ResponseError as exc:
-        if not (is_nogroup(exc) or "no such key" in str(exc)):
+        if not is_missing(exc):
             raise
         summary, page, next_after = {"pending": 0}, [], None
         model_admin.message_user(request, f"Group {group} no longer exists in Redis.", messages.WARNING)

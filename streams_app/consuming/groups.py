@@ -1,6 +1,8 @@
 """Consumer-group setup: idempotent, and never destructive."""
 import redis
 
+from shoal_common.redis_errors import is_busygroup, is_nogroup, is_wrongtype  # noqa: F401  (re-exported)
+from shoal_common.text import to_text
 from streams_app.exceptions import StreamTypeError
 
 
@@ -13,10 +15,9 @@ def ensure_group(conn, stream, group, start="0"):
     try:
         conn.xgroup_create(stream, group, id=start, mkstream=True)
     except redis.ResponseError as exc:
-        message = str(exc)
-        if message.startswith("BUSYGROUP"):
+        if is_busygroup(exc):
             return False
-        if message.startswith("WRONGTYPE"):
+        if is_wrongtype(exc):
             kind = key_type(conn, stream)
             raise StreamTypeError(
                 f"Redis key {stream!r} holds a {kind}, not a stream, so group {group!r} cannot be created "
@@ -27,17 +28,5 @@ def ensure_group(conn, stream, group, start="0"):
     return True
 
 
-def is_nogroup(exc):
-    """The group (or the stream) vanished, e.g. a Redis without persistence restarted."""
-    # "in", not startswith: redis-py prefixes errors raised from a pipeline ("Command # 1 (...) of pipeline caused error: NOGROUP ...").
-    return isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc)
-
-
-def is_wrongtype(exc):
-    """A command met a key of another type (pipelines prefix the message, so not startswith)."""
-    return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
-
-
 def key_type(conn, key):
-    kind = conn.type(key)
-    return kind.decode() if isinstance(kind, bytes) else kind
+    return to_text(conn.type(key))

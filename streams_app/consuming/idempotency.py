@@ -23,6 +23,7 @@ import hashlib
 
 from django.db import IntegrityError, transaction
 
+from shoal_common.text import to_text
 from streams_app import keys
 
 RUNNING = "running"
@@ -75,7 +76,7 @@ class RedisGuard:
         to_run, duplicates, busy = [], [], []
         mine = []
         for message, previous in zip(messages, pipe.execute()):
-            previous = previous.decode() if isinstance(previous, bytes) else previous
+            previous = to_text(previous)
             if previous is None:
                 to_run.append(message)
             elif previous == DONE:

@@ -6,16 +6,14 @@ passed belongs to a process that died (SIGKILL, OOM, lost host): its pending ent
 taken over at once instead of after PENDING_TIMEOUT_MS. Consumers that never wrote a deadline
 (older deployments, other clients) are not judged: for them the pending timeout still rules.
 """
-from streams_app import keys, scripts
+from shoal_common.text import to_text
+from streams_app import scripts
+from streams_app.keys import liveness_key
 
 
 def reader_client_name(consumer):
     """CLIENT SETNAME of a consumer's blocking-read connections (streams_app.consuming.worker)."""
     return f"shoal-reader:{consumer}"
-
-
-def liveness_key(stream):
-    return f"{keys.hash_tag(stream)}:consumers"
 
 
 def beat(conn, streams, consumer, ttl_ms, pipeline=None):
@@ -38,5 +36,5 @@ def forget(conn, streams, consumer, pipeline=None, names=()):
 
 def dead_consumers(conn, stream):
     """Names on ``stream`` whose deadline has passed."""
-    return {name.decode() if isinstance(name, bytes) else name
+    return {to_text(name)
             for name in scripts.run(conn, "liveness_dead", [liveness_key(stream)], [])}

@@ -16,11 +16,12 @@ At max_deliveries, or at once for undecodable input, an entry is moved to ``{S}:
 import heapq
 import logging
 import queue
-import random
 import time
 
 import redis
 
+from shoal_common.backoff import backoff_delay
+from shoal_common.text import to_text
 from streams_app import scripts
 
 from streams_app.deadletters import store as deadletters
@@ -49,8 +50,7 @@ PENDING_PAGE = 200
 DEAD_CONSUMERS_PER_PASS = 10
 
 
-def _str(value):
-    return value.decode() if isinstance(value, bytes) else value
+_str = to_text
 
 
 class GroupLoop:
@@ -415,8 +415,7 @@ class GroupLoop:
         self.failures += 1
         if self.failures == 1:
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
-        delay = min(self.backoff_max, 0.05 * 2 ** min(self.failures, 10))
-        self.shutdown.wait(delay * random.uniform(0.5, 1.0))
+        self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
 
     def _redis_ok(self):
         if self.failures:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from streams_app import broadcast
 
 from streams_app.consuming import liveness
+from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
 from streams_app.consuming.groups import ensure_group
@@ -25,10 +26,9 @@ from streams_app.consuming.naming import consumer_name
 
 logger = logging.getLogger("streams_app.consumer")
 
-EXIT_OK = 0
-EXIT_CRASH = 1  # a read loop died of an unexpected error: let the supervisor replace the process
-EXIT_FORCED = 2  # second signal: stopped without waiting for handlers
-EXIT_CONFIG = 3  # cannot start as configured: restarting would not help
+# EXIT_CRASH: a read loop died of an unexpected error, let the supervisor replace the process;
+# EXIT_FORCED: a second signal, stopped without waiting for handlers; EXIT_CONFIG: cannot start as
+# configured, restarting would not help. (Re-exported here: runconsumer imports them from this module.)
 
 
 class Shutdown(threading.Event):

@@ -6,7 +6,6 @@ before decoding or running anything: loops of other groups ack such an entry wit
 their handler. The re-publish and the removal from the DLQ are one Lua script.
 """
 import json
-import re
 from dataclasses import dataclass, field
 
 import redis
@@ -15,11 +14,13 @@ from streams_app import keys, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters.store import get_dead_letters
 from streams_app.exceptions import ReplayError
-from streams_app.consuming.groups import is_wrongtype, key_type
+from shoal_common.redis_errors import is_wrongtype
+from shoal_common.text import to_text
+from streams_app.consuming.groups import key_type
+from streams_app.entry_ids import is_entry_id
 from streams_app.producer import validate_stream_name
 
 REPLAY_BATCH = 200
-ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 @dataclass
@@ -29,8 +30,7 @@ class ReplayResult:
     dry_run: bool = False
 
 
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+_text = to_text
 
 
 class _Null:
@@ -70,7 +70,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
         raise ReplayError("a group is needed: replay goes to one group only")
     if bool(ids) == bool(all):
         raise ReplayError("give either dead-letter ids or all=True")
-    malformed = [i for i in ids or () if not isinstance(i, str) or not ENTRY_ID.fullmatch(i)]
+    malformed = [i for i in ids or () if not is_entry_id(i)]
     if malformed:
         raise ReplayError(f"not dead-letter entry ids: {', '.join(map(repr, malformed))}; "
                           f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")

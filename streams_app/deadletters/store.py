@@ -11,6 +11,7 @@ import time
 import traceback as tb_module
 from dataclasses import dataclass
 
+from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.connection import get_connection
 from streams_app.message import decode_fields
@@ -74,8 +75,7 @@ def move(conn, stream, group, failures, pipeline=None):
     return None if pipeline is not None else results
 
 
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+_text = to_text
 
 
 @dataclass(frozen=True)

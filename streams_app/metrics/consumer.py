@@ -18,6 +18,7 @@ import logging
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from shoal_common.text import to_text
 from streams_app.metrics import multiprocess
 
 logger = logging.getLogger("streams_app.metrics")
@@ -159,7 +160,7 @@ class BacklogCollector:
 
 
 def _text(value):
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return to_text(value, errors="backslashreplace")
 
 
 def start_metrics_server(port, addr="0.0.0.0"):

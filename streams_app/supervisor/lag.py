@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import redis
 
+from shoal_common.redis_errors import is_no_such_key
+from shoal_common.text import to_text
+
 ESTIMATE_CAP = 10_000
 """An estimated lag is counted up to this many entries; more is reported as the cap."""
 
@@ -21,8 +24,7 @@ class GroupLag:
     estimated: bool = False
 
 
-def _str(value):
-    return value.decode() if isinstance(value, bytes) else value
+_str = to_text
 
 
 def _info(info, key):
@@ -35,7 +37,7 @@ def group_lag(conn, stream, group, start="0", cap=ESTIMATE_CAP):
     try:
         groups = conn.xinfo_groups(stream)
     except redis.ResponseError as exc:
-        if "no such key" in str(exc).lower():
+        if is_no_such_key(exc):
             return GroupLag(stream, group, 0)
         raise
     info = next((g for g in groups if _str(_info(g, "name")) == group), None)

@@ -17,14 +17,15 @@ from collections import deque
 
 from setproctitle import setproctitle
 
+from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK
 from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
 logger = logging.getLogger("streams_app.supervisor")
 
-EXIT_OK = 0
-EXIT_CRASH_LOOP = 1  # workers kept crashing: let systemd / Kubernetes see it
-EXIT_FORCED = 2  # second TERM/INT: workers were told to stop at once
-# EXIT_BOOT_ERROR = 3: a worker could not boot (bad settings, ImportError in a consumers.py)
+# The master's exit codes (shoal_common.exitcodes): EXIT_OK; EXIT_CRASH_LOOP, workers kept crashing
+# (let systemd / Kubernetes see it); EXIT_FORCED, a second TERM/INT told the workers to stop at once;
+# EXIT_BOOT_ERROR, a worker could not boot (bad settings, ImportError in a consumers.py).
+EXIT_CRASH_LOOP = EXIT_CRASH
 
 STOP_GRACE = 5.0
 """Seconds a stopping worker gets beyond the shutdown timeout (to ack and exit) before SIGKILL."""

@@ -18,9 +18,10 @@ import traceback
 
 from setproctitle import setproctitle
 
+from shoal_common.exitcodes import EXIT_CONFIG
 from streams_app.supervisor.heartbeat import Beater, ProgressExecutor
 
-EXIT_BOOT_ERROR = 3  # same value as worker.EXIT_CONFIG, which cannot be imported before Django is set up
+EXIT_BOOT_ERROR = EXIT_CONFIG  # the master stops instead of respawning a worker that cannot boot
 
 logger = logging.getLogger("streams_app.supervisor")
 

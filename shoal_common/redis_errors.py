@@ -1,0 +1,35 @@
+"""What a Redis error reply means, in one place.
+
+Messages are matched with ``in``, not ``startswith``: redis-py prefixes errors raised from a pipeline
+("Command # 1 (...) of pipeline caused error: NOGROUP ...").
+"""
+import redis
+
+
+def _says(exc, text):
+    return isinstance(exc, redis.ResponseError) and text in str(exc)
+
+
+def is_busygroup(exc):
+    """XGROUP CREATE of a group that exists: another process created it first."""
+    return _says(exc, "BUSYGROUP")
+
+
+def is_nogroup(exc):
+    """The group (or the stream) vanished, e.g. a Redis without persistence restarted."""
+    return _says(exc, "NOGROUP")
+
+
+def is_wrongtype(exc):
+    """A command met a key of another type."""
+    return _says(exc, "WRONGTYPE")
+
+
+def is_no_such_key(exc):
+    """XINFO of a stream that does not exist ("ERR no such key")."""
+    return isinstance(exc, redis.ResponseError) and "no such key" in str(exc).lower()
+
+
+def is_missing(exc):
+    """The stream or its group does not exist (yet): consumers create both when they start."""
+    return is_nogroup(exc) or is_no_such_key(exc)

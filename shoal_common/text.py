@@ -1,0 +1,6 @@
+"""Redis replies as text: redis-py returns bytes or str depending on the client's decode_responses."""
+
+
+def to_text(value, errors="strict"):
+    """``value`` as str: bytes are decoded as UTF-8 (``errors="replace"`` keeps bad bytes visible as U+FFFD)."""
+    return value.decode("utf-8", errors) if isinstance(value, bytes) else value

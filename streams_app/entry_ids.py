@@ -1,0 +1,23 @@
+"""Stream entry ids (``<ms>-<seq>``): checking them and ordering them."""
+import re
+
+from shoal_common.text import to_text
+
+ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+def is_entry_id(value):
+    """A complete entry id, as Redis gives them (both parts, digits only)."""
+    return isinstance(value, str) and ENTRY_ID.fullmatch(value) is not None
+
+
+def id_key(entry_id):
+    """A sort key: (ms, seq) as integers, since ids do not sort as text ("9-0" < "10-0")."""
+    ms, _, seq = to_text(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def next_id(entry_id):
+    """The smallest stream id after ``entry_id``."""
+    ms, seq = id_key(entry_id)
+    return f"{ms}-{seq + 1}"
