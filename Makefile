@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-requirements
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run dev-env shell test test-fast lint deps system-deps bench clean
+.PHONY: run dev-env shell test test-fast lint docs deps system-deps bench clean
 
 deps: $(STAMP)
 
@@ -30,6 +30,10 @@ test-fast: deps system-deps lint
 
 lint: deps
 	$(VENV)/bin/ruff check .
+
+# The STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
+docs: deps
+	$(PY) -m project.settings_docs
 
 run: deps system-deps
 	@$(PY) -m project.devrun

@@ -6,10 +6,8 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from discovery_app.balancers import STRATEGIES
-from discovery_app.defaults import DEFAULTS
-
-_POSITIVE_NUMBERS = ("TTL", "HEARTBEAT_INTERVAL", "HEALTHY_FACTOR", "TOMBSTONE_TTL", "CACHE_TTL",
-                     "BREAKER_COOLDOWN", "RETRY_BACKOFF_MAX", "HTTP_TIMEOUT")
+from discovery_app.defaults import DEFAULTS, SETTINGS
+from shoal_common.appsettings import kind_errors
 
 
 def _is_number(value):
@@ -45,14 +43,7 @@ def check_discovery_settings(app_configs=None, **kwargs):
         for key in sorted(set(user) - set(DEFAULTS))
     ]
     merged = {**DEFAULTS, **user}
-    for key in _POSITIVE_NUMBERS:
-        if not _is_number(merged[key]) or merged[key] <= 0:
-            errors.append(Error(f"DISCOVERY[{key!r}] must be a positive number, not {merged[key]!r}.",
-                                id="discovery_app.E003"))
-    failures = merged["BREAKER_FAILURES"]
-    if isinstance(failures, bool) or not isinstance(failures, int) or failures <= 0:
-        errors.append(Error(f"DISCOVERY['BREAKER_FAILURES'] must be a positive integer, not {failures!r}.",
-                            id="discovery_app.E003"))
+    errors.extend(kind_errors("DISCOVERY", SETTINGS, merged, "discovery_app"))  # each key against its kind: E003
     if merged["STRATEGY"] not in STRATEGIES:
         errors.append(Error(f"DISCOVERY['STRATEGY'] is {merged['STRATEGY']!r}, which is not a strategy.",
                             hint=f"Choose one of {', '.join(STRATEGIES)}.", id="discovery_app.E004"))

@@ -3,6 +3,8 @@
 Read lazily and cached; the cache is dropped when a test changes the setting (``setting_changed``).
 Validation is each app's system checks' job, so a malformed dict falls back to the defaults here.
 """
+import math
+from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
@@ -23,3 +25,66 @@ def namespaced_settings(name, defaults):
 
     setting_changed.connect(reset, weak=False)
     return get_settings
+
+
+# -- one table per app: name, default, kind and doc of every key ------------------------------
+#
+# Each app's defaults.py declares its keys once, as a SETTINGS table; the defaults dict, the
+# type checks (the app's system checks call ``kind_errors``) and the table in docs/settings.md
+# (python -m project.settings_docs; a test fails when it drifts) all come from it.
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # as the docs and the check's message say it
+    accepts: object = None  # value -> bool; None: a check of the app's own validates it
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+POSITIVE_INT = Kind("positive integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)
+POSITIVE_NUMBER = Kind("positive number", lambda v: _number(v) and v > 0)
+NON_EMPTY_STRING = Kind("non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+BOOLEAN = Kind("boolean", lambda v: isinstance(v, bool))
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: object
+    kind: Kind
+    doc: str
+    check_id: str = "E003"  # the system check id of a value not of its kind
+
+
+def defaults_of(table):
+    return {s.name: s.default for s in table}
+
+
+def kind_errors(namespace, table, merged, app_label):
+    """An Error for each key whose value is not of its kind (keys a check of the app's own validates are skipped)."""
+    from django.core.checks import Error
+
+    errors = []
+    for s in table:
+        value = merged.get(s.name, s.default)
+        if s.kind.accepts is not None and not s.kind.accepts(value):
+            errors.append(Error(f"{namespace}[{s.name!r}] must be a {s.kind.name}, not {value!r}.",
+                                hint=f"Default: {s.default!r}. {first_sentence(s.doc)}", id=f"{app_label}.{s.check_id}"))
+    return errors
+
+
+def first_sentence(doc):
+    text = " ".join(doc.split())
+    return text.split(". ")[0].rstrip(".") + "."
+
+
+def markdown_table(table):
+    """The docs' table of ``table``: key, default, type, what it does."""
+    rows = ["| key | default | type | what it does |", "|---|---|---|---|"]
+    for s in table:
+        doc = " ".join(s.doc.split()).replace("|", "\\|")
+        rows.append(f"| `{s.name}` | `{s.default!r}` | {s.kind.name} | {doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,16 +1,9 @@
 """System checks for ``settings.STREAMS`` (ids streams_app.E00x / W00x are stable)."""
-import math
-
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from streams_app.defaults import DEFAULTS
-
-_POSITIVE_INTS = ("BATCH_SIZE", "BLOCK_MS", "THREADS", "PENDING_TIMEOUT_MS", "CLAIM_INTERVAL_MS", "MAX_PAYLOAD_BYTES",
-                  "ERROR_TTL", "IDEMPOTENCY_TTL", "SNAPSHOT_RETENTION", "TARGET_LAG", "CRASH_LIMIT")
-_POSITIVE_NUMBERS = ("SHUTDOWN_TIMEOUT", "CONSUMER_TTL", "RECONNECT_BACKOFF_MAX", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX",
-                     "RECLAIM_INTERVAL", "DEAD_CONSUMER_IDLE", "SNAPSHOT_INTERVAL", "SCALE_INTERVAL",
-                     "HEARTBEAT_INTERVAL", "HEARTBEAT_TIMEOUT", "RESTART_DELAY", "CRASH_WINDOW")
+from shoal_common.appsettings import kind_errors
+from streams_app.defaults import DEFAULTS, SETTINGS
 
 
 @register()
@@ -34,17 +27,8 @@ def check_streams_settings(app_configs=None, **kwargs):
             )
         )
     merged = {**DEFAULTS, **user}
-    for key in _POSITIVE_INTS:
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            errors.append(
-                Error(f"STREAMS[{key!r}] must be a positive integer, not {value!r}.", id="streams_app.E003")
-            )
-    for key in _POSITIVE_NUMBERS:
-        value = merged[key]
-        # NaN compares false with everything, so "value <= 0" alone lets it through; inf never elapses.
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            errors.append(Error(f"STREAMS[{key!r}] must be a positive number, not {value!r}.", id="streams_app.E003"))
+    # Each key against its kind in the table (E003; BROADCAST_CHANNEL, a non-empty string: E020).
+    errors.extend(kind_errors("STREAMS", SETTINGS, merged, "streams_app"))
     alias = merged["REDIS_ALIAS"]
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
@@ -84,15 +68,6 @@ def check_streams_settings(app_configs=None, **kwargs):
                     id="streams_app.W002",
                 )
             )
-    channel = merged["BROADCAST_CHANNEL"]
-    if not isinstance(channel, str) or not channel.strip():
-        errors.append(
-            Error(
-                f"STREAMS['BROADCAST_CHANNEL'] must be a non-empty string, not {channel!r}.",
-                hint="Name the Redis pub/sub channel of broadcasts, e.g. 'shoal:broadcast'.",
-                id="streams_app.E020",
-            )
-        )
     errors.extend(_check_supervisor(merged))
     return errors
 
