@@ -42,10 +42,13 @@ run: deps system-deps
 dev-env: deps system-deps
 	@$(PY) -m project.devrun --prepare-only
 
-# A shell with .venv activated: `python manage.py ...` then works as the README shows.
+# A bash with .venv activated: `python manage.py ...` then works as the README shows. The venv is
+# activated after ~/.bashrc, which may put other pythons (pyenv shims) first on PATH.
 shell: deps
-	@echo "Shoal: .venv is active in this shell; exit to leave it."
-	@VIRTUAL_ENV="$(CURDIR)/$(VENV)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec "$${SHELL:-/bin/sh}" -i
+	@mkdir -p var
+	@printf '%s\n' '[ -f ~/.bashrc ] && . ~/.bashrc' '. "$(CURDIR)/$(VENV)/bin/activate"' \
+		'echo "Shoal: .venv is active in this shell; exit to leave it."' > var/shellrc
+	@exec bash --rcfile var/shellrc -i
 
 bench: deps system-deps
 	$(PY) bench/throughput.py

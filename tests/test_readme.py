@@ -131,6 +131,10 @@ def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factor
         assert "shoal-web" in out  # discover: the web tier registered itself
         run.wait_for(r"email: confirmation for order 1001 ", timeout=60)
         run.wait_for(r"points: \+12 points for customer ann", timeout=60)
+        # The README's other way into that shell: `make shell` (a bash with .venv active after ~/.bashrc).
+        made = subprocess.run(["make", "shell"], cwd=clone, env=FRESH_ENV, input="python manage.py discover\nexit\n",
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0 and "shoal-web" in made.stdout, made.stdout + made.stderr
 
         second.run(blocks["a message that fails"])
         run.wait_for(r"moved 1 entries of orders/email to \{orders\}:dlq", timeout=120)
