@@ -4,6 +4,10 @@ The master creates the file and hands its descriptor to the worker; the worker s
 master reads it with fstat. No Redis, no pipe to drain, and a master that is busy or restarting
 loses nothing. The mtime is 0 until the worker has booted: the first beat says "consuming".
 
+Beats are readings of ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the host),
+never of the wall clock: an NTP step or a VM resume must not make a healthy worker look stuck, nor hide
+a stuck one for as long as the clock went back.
+
 A worker beats "now" while its handlers make progress (or it has nothing to do). When every
 running handler has been stuck since time T, it keeps beating T, so the master sees the beat age
 grow and replaces the worker after the heartbeat timeout.
@@ -25,7 +29,7 @@ class HeartbeatFile:
         self.fd = fd
 
     def last_beat(self):
-        """Wall-clock time of the last beat; 0 before the first."""
+        """``time.monotonic()`` of the last beat; 0 before the first."""
         return os.fstat(self.fd).st_mtime
 
     def close(self):
@@ -35,14 +39,14 @@ class HeartbeatFile:
 
 
 class ProgressExecutor(ThreadPoolExecutor):
-    """A handler pool that remembers when a handler last started or finished (wall clock)."""
+    """A handler pool that remembers when a handler last started or finished (monotonic clock)."""
 
-    def __init__(self, *args, wall=time.time, **kwargs):
+    def __init__(self, *args, clock=time.monotonic, **kwargs):
         super().__init__(*args, **kwargs)
-        self._wall = wall
+        self._clock = clock
         self._lock = threading.Lock()
         self.running = 0
-        self.last_activity = wall()
+        self.last_activity = clock()
 
     def submit(self, fn, /, *args, **kwargs):
         return super().submit(self._tracked, fn, *args, **kwargs)
@@ -57,7 +61,7 @@ class ProgressExecutor(ThreadPoolExecutor):
     def _mark(self, delta):
         with self._lock:
             self.running += delta
-            self.last_activity = self._wall()
+            self.last_activity = self._clock()
 
     def progress_stamp(self, now):
         """``now`` while idle; else when a handler last started or finished."""
@@ -68,16 +72,16 @@ class ProgressExecutor(ThreadPoolExecutor):
 class Beater:
     """Worker side: ``Worker(heartbeat=Beater(...))`` calls it on every pass of its main loop."""
 
-    def __init__(self, fd, interval, *, master_pid=None, wall=time.time, on_orphaned=None):
+    def __init__(self, fd, interval, *, master_pid=None, clock=time.monotonic, on_orphaned=None):
         self.fd = fd
         self.interval = interval
         self.master_pid = master_pid
-        self.wall = wall
+        self.clock = clock
         self.on_orphaned = on_orphaned
         self.last = None
 
     def __call__(self, worker):
-        now = self.wall()
+        now = self.clock()
         if self.master_pid is not None and os.getppid() != self.master_pid and self.on_orphaned:
             self.on_orphaned(worker)
         if self.last is not None and now - self.last < self.interval:

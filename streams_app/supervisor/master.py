@@ -76,8 +76,7 @@ class WorkerProcess:
 class Supervisor:
     def __init__(self, spawner, *, workers=1, autoscaler=None, lag_reader=None, lag_interval=None,
                  shutdown_timeout=30.0, heartbeat_timeout=60.0, restart_delay=1.0, crash_limit=10,
-                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, wall=time.time,
-                 set_title=setproctitle):
+                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, set_title=setproctitle):
         self.spawner = spawner
         self.autoscaler = autoscaler
         self.desired = autoscaler.minimum if autoscaler else workers
@@ -92,8 +91,10 @@ class Supervisor:
         self.crash_window = crash_window
         self.metrics = metrics
         self.label = label
+        # Heartbeats carry this clock's readings too (CLOCK_MONOTONIC is one clock for every process
+        # of the host): a wall-clock step (NTP, VM resume) neither kills healthy workers as stuck nor
+        # delays replacing a stuck one.
         self.clock = clock
-        self.wall = wall
         self.set_title = set_title
 
         self.workers = {}  # pid -> WorkerProcess
@@ -311,7 +312,6 @@ class Supervisor:
         return delay
 
     def check_heartbeats(self, now):
-        wall = self.wall()
         for worker in list(self.workers.values()):
             if worker.stopping:
                 continue
@@ -322,8 +322,8 @@ class Supervisor:
                     logger.info("Supervisor: worker %s is consuming", worker)
                 elif now - worker.started_at > self.heartbeat_timeout:
                     self.kill_worker(worker, f"not booted after {self.heartbeat_timeout:.0f}s")
-            elif wall - beat > self.heartbeat_timeout:
-                self.kill_worker(worker, f"no heartbeat for {wall - beat:.0f}s (a handler stuck?)")
+            elif now - beat > self.heartbeat_timeout:
+                self.kill_worker(worker, f"no heartbeat for {now - beat:.0f}s (a handler stuck?)")
 
     def enforce_kills(self, now):
         for worker in self.workers.values():

@@ -30,9 +30,9 @@ class FakeWorker:
 
 def test_beats_now_while_idle_and_the_last_progress_while_every_handler_is_stuck():
     clock = Clock(1000.0)
-    executor = ProgressExecutor(1, wall=clock)
+    executor = ProgressExecutor(1, clock=clock)
     hb = HeartbeatFile()
-    beater = Beater(hb.fd, 5.0, wall=clock)
+    beater = Beater(hb.fd, 5.0, clock=clock)
     release = threading.Event()
     try:
         beater(FakeWorker(executor))

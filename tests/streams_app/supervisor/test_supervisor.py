@@ -5,6 +5,8 @@ driven deterministically: crash back-off and limit, boot errors, heartbeats, rol
 TTIN/TTOU, two-stage stop, and autoscaling on the lag.
 """
 import signal
+import threading
+import time
 
 import pytest
 import redis as redis_lib
@@ -57,7 +59,8 @@ class Spawner:
         return proc, proc.heartbeat
 
 
-class Wall:
+class Stamp:
+    """A beat stamp later than every tick of these tests: a worker that beat once never goes stale."""
     now = 1_000_000.0
 
     def __call__(self):
@@ -66,9 +69,9 @@ class Wall:
 
 def make(**kwargs):
     spawner = Spawner()
-    wall = Wall()
+    wall = Stamp()
     options = dict(shutdown_timeout=10.0, heartbeat_timeout=30.0, restart_delay=1.0, crash_limit=10,
-                   crash_window=600.0, wall=wall, set_title=lambda title: None)
+                   crash_window=600.0, set_title=lambda title: None)
     options.update(kwargs)
     return Supervisor(spawner, **options), spawner, wall
 
@@ -163,12 +166,10 @@ def test_a_worker_that_fails_to_boot_halts_the_master_instead_of_being_respawned
 def test_a_worker_whose_heartbeat_goes_stale_is_killed_and_replaced():
     sup, spawner, wall = make(workers=1, heartbeat_timeout=30.0)
     sup.tick(0)
-    beat_all(spawner, wall)
+    spawner.procs[0].heartbeat.beat = 1.0  # beats are readings of the supervisor's (monotonic) clock
     sup.tick(1)
-    wall.now += 29
     sup.tick(30)
     assert spawner.procs[0].signals == []
-    wall.now += 2
     sup.tick(32)
     assert spawner.procs[0].signals == [signal.SIGKILL]
     sup.tick(32.1)  # reaped: counted as a crash
@@ -325,3 +326,71 @@ def test_the_loop_wakes_up_when_a_restart_is_due_not_a_full_slow_tick_later():
     assert sup.tick_seconds() == 0.25
     clock[0] = 0.2
     assert sup.tick_seconds() == 0.1
+
+
+class SteppingWall:
+    """time.time() as NTP or a VM resume makes it: it jumps while the monotonic clock runs on."""
+
+    def __init__(self):
+        self.offset = 0.0
+        self.real = time.time
+
+    def __call__(self):
+        return self.real() + self.offset
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0], ids=["forward", "backward"])
+def test_heartbeats_ignore_wall_clock_steps(monkeypatch, step):
+    from streams_app.supervisor.heartbeat import Beater, HeartbeatFile, ProgressExecutor
+
+    wall = SteppingWall()
+    monkeypatch.setattr(time, "time", wall)
+    clock = {"now": 500.0}
+
+    def monotonic():
+        return clock["now"]
+
+    files = []
+
+    def spawner(number):
+        proc = FakeProc(1000 + number)
+        files.append(HeartbeatFile())
+        return proc, files[-1]
+
+    sup = Supervisor(spawner, workers=1, shutdown_timeout=10.0, heartbeat_timeout=30.0, restart_delay=1.0,
+                     crash_limit=10, crash_window=600.0, clock=monotonic, set_title=lambda title: None)
+    executor = ProgressExecutor(1, clock=monotonic)
+    beater = Beater(None, 5.0, clock=monotonic)
+    worker = type("W", (), {"executor": executor})()
+    release = threading.Event()
+    try:
+        sup.tick(clock["now"])
+        beater.fd = files[0].fd
+        beater(worker)
+        sup.tick(clock["now"])
+        (supervised,) = sup.workers.values()
+        proc = supervised.proc
+        assert supervised.ready
+
+        wall.offset = step  # the wall clock steps; one second passes
+        clock["now"] += 1
+        beater(worker)
+        sup.tick(clock["now"])
+        assert proc.signals == [], "a wall-clock step must not make a healthy worker look stuck"
+
+        started = threading.Event()
+        executor.submit(lambda: (started.set(), release.wait(30)))
+        assert started.wait(10)
+        clock["now"] += 29  # stuck for 29 s: not yet
+        beater(worker)
+        sup.tick(clock["now"])
+        assert proc.signals == []
+        clock["now"] += 7  # stuck for 36 s, whatever the wall clock says
+        beater(worker)
+        sup.tick(clock["now"])
+        assert proc.signals == [signal.SIGKILL], "a stuck worker is replaced after the heartbeat timeout"
+    finally:
+        release.set()
+        executor.shutdown()
+        for f in files:
+            f.close()
