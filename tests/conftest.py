@@ -72,11 +72,11 @@ def use_redis(settings):
 class ConsumerProcess:
     """A ``manage.py`` subprocess whose output is collected as it comes."""
 
-    def __init__(self, args, env, command="runconsumer"):
+    def __init__(self, args, env, command="runconsumer", prefix=()):
         self.args = args
         self.lines = []
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), command, *args],
+            [*prefix, sys.executable, str(ROOT / "manage.py"), command, *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self._reader = threading.Thread(target=self._collect, daemon=True)
@@ -114,7 +114,7 @@ def run_consumer(redis_server):
     """Start ``manage.py runconsumer`` subprocesses against a test Redis; stop them at teardown."""
     procs = []
 
-    def start(*args, server=None, streams=None, env=None, command="runconsumer"):
+    def start(*args, server=None, streams=None, env=None, command="runconsumer", prefix=()):
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -123,7 +123,7 @@ def run_consumer(redis_server):
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        proc = ConsumerProcess([*args, "-v", "2"], full_env, command=command)
+        proc = ConsumerProcess([*args, "-v", "2"], full_env, command=command, prefix=prefix)
         procs.append(proc)
         return proc
 

@@ -10,6 +10,7 @@ handler code. A worker that fails to boot exits with EXIT_BOOT_ERROR and halts t
 (HaltServer) instead of being respawned forever; so do CRASH_LIMIT crashes within CRASH_WINDOW.
 """
 import logging
+import os
 import queue
 import signal
 import time
@@ -76,7 +77,8 @@ class WorkerProcess:
 class Supervisor:
     def __init__(self, spawner, *, workers=1, autoscaler=None, lag_reader=None, lag_interval=None,
                  shutdown_timeout=30.0, heartbeat_timeout=60.0, restart_delay=1.0, crash_limit=10,
-                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, set_title=setproctitle):
+                 crash_window=600.0, metrics=None, label="", clock=time.monotonic, set_title=setproctitle,
+                 reap_orphans=None):
         self.spawner = spawner
         self.autoscaler = autoscaler
         self.desired = autoscaler.minimum if autoscaler else workers
@@ -96,6 +98,9 @@ class Supervisor:
         # delays replacing a stuck one.
         self.clock = clock
         self.set_title = set_title
+        # As PID 1 (a container's entry point) every orphan of the namespace becomes our child: a
+        # handler's subprocess whose worker was SIGKILLed stays a zombie until we wait for it.
+        self.reap_orphans = os.getpid() == 1 if reap_orphans is None else reap_orphans
 
         self.workers = {}  # pid -> WorkerProcess
         self.signals = queue.SimpleQueue()
@@ -272,6 +277,24 @@ class Supervisor:
             if self.metrics is not None:
                 self.metrics.worker_exited(worker.pid)
             self.on_exit(worker, code, now)
+        if self.reap_orphans:
+            self.reap_other_children()
+
+    def reap_other_children(self):
+        """Wait for exited children that are not workers; a worker's exit status stays for ``reap``."""
+        while True:
+            try:
+                # WNOWAIT peeks: waiting for a worker here would hide its exit status from its Popen.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0 or info.si_pid in self.workers:
+                return  # nothing exited, or a worker that the next reap collects
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            logger.debug("Supervisor: reaped orphaned process %s", info.si_pid)
 
     def on_exit(self, worker, code, now):
         how = f"exit {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"

@@ -141,3 +141,23 @@ def chaos_flaky(message):
     if chaos_fails(message.key):
         raise RuntimeError(f"key {message.key} always fails")
     get_connection().hincrby("chaos:flaky:handled", message.key, 1)
+
+
+# -- a handler that starts a subprocess (tests/streams_app/supervisor/test_pid1.py) ----------
+
+def host_pid():
+    """This process's pid as the host sees it (the tests' /proc is the host's, even in a PID namespace)."""
+    with open("/proc/self/stat") as stat:
+        return int(stat.read().split()[0])
+
+
+@consumer("spawns", group="g")
+def spawns_a_subprocess(message):
+    directory = message.payload["dir"]
+    with open(os.path.join(directory, "worker.pid"), "w") as out:
+        out.write(str(host_pid()))
+    # The child writes its own host pid, then lives a little longer than its worker will.
+    import subprocess
+    subprocess.Popen(["sh", "-c", f'read pid rest < /proc/self/stat; echo $pid > "{directory}/child.pid.tmp"; '
+                      f'mv "{directory}/child.pid.tmp" "{directory}/child.pid"; exec sleep 2'])
+    time.sleep(300)

@@ -1,0 +1,44 @@
+"""The supervisor as PID 1 of a container: it reaps every orphan, not only its own workers."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.waiting import wait_for
+
+
+def unshare_works():
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c",
+                           "import os, sys; sys.exit(os.getpid() != 1)"], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not unshare_works(), reason="needs `unshare --pid` (root or user namespaces)")
+
+
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_pid1_master_reaps_the_orphaned_subprocess_of_a_killed_worker(run_consumer, redis, tmp_path):
+    # A container runtime starts the command as PID 1 of a new PID namespace; unshare does the same.
+    master = run_consumer("spawns:g", "--workers", "1",
+                          prefix=("unshare", "--pid", "--fork", "--kill-child"))
+    redis.xadd("spawns", {"payload": f'{{"dir": "{tmp_path}"}}'})
+    wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "worker.pid").exists(), timeout=60,
+             what="the handler's subprocess to start")
+    worker, child = int((tmp_path / "worker.pid").read_text()), int((tmp_path / "child.pid").read_text())
+    os.kill(worker, signal.SIGKILL)  # as the OOM killer or the stuck-handler kill would
+    # The child outlives its worker by a second or two, then exits: as an orphan of PID 1.
+    wait_for(lambda: state(child) is None, timeout=30,
+             what=f"the orphan {child} to be reaped (state {state(child)!r}; 'Z' is a zombie)")
+    assert master.proc.poll() is None, master.output()
