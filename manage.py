@@ -19,7 +19,16 @@ def _ignore_pool_signals_until_ready(argv):
             signal.signal(sig, signal.SIG_IGN)
 
 
+def _catch_early_stop_signals(argv):
+    # A TERM during start-up is honoured once the consumers are up (see shoal_common.early_signals).
+    if len(argv) > 1 and argv[1] == "runconsumer":
+        from shoal_common import early_signals
+
+        early_signals.catch()
+
+
 def main():
+    _catch_early_stop_signals(sys.argv)
     _ignore_pool_signals_until_ready(sys.argv)
     # What `make run` chose (var/env: REDIS_URL, DEBUG, SHOAL_DEMO), so that the README's commands
     # work in any shell of this checkout; the environment's own values win.

@@ -31,3 +31,12 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3") and os.environ.get("DATABA
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA synchronous=NORMAL",
     }
+
+# A slow start-up on demand (tests/streams_app/supervisor/test_pid1.py): say so in a file, then wait,
+# so that a test can send a signal while Django is still loading.
+if os.environ.get("SHOAL_TEST_SLOW_START"):
+    import time as _time
+
+    with open(os.environ["SHOAL_TEST_SLOW_START"], "w") as _marker:
+        _marker.write("loading settings")
+    _time.sleep(3)

@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from shoal_common import early_signals
 from streams_app import broadcast
 
 from streams_app.consuming import liveness
@@ -167,6 +168,8 @@ class Worker:
     def install_signals(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        for signum in early_signals.take():  # a TERM that came during start-up
+            self.signals.put(signum)
 
     def _on_signal(self, signum, frame):
         self.signals.put(signum)  # SimpleQueue.put is reentrant: safe in a signal handler

@@ -18,6 +18,7 @@ from collections import deque
 
 from setproctitle import setproctitle
 
+from shoal_common import early_signals
 from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK
 from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
@@ -166,6 +167,8 @@ class Supervisor:
     def install_signals(self):
         for name in SIGNALS:
             signal.signal(getattr(signal, name), self._on_signal)
+        for signum in early_signals.take():  # a TERM that came during start-up
+            self.signals.put(signum)
 
     def _on_signal(self, signum, frame):
         self.signals.put(signum)  # reentrant: safe in a signal handler

@@ -42,3 +42,18 @@ def test_a_pid1_master_reaps_the_orphaned_subprocess_of_a_killed_worker(run_cons
     wait_for(lambda: state(child) is None, timeout=30,
              what=f"the orphan {child} to be reaped (state {state(child)!r}; 'Z' is a zombie)")
     assert master.proc.poll() is None, master.output()
+
+
+@pytest.mark.parametrize("mode", [["--workers", "2"], []], ids=["supervisor", "single-process"])
+def test_a_term_during_start_up_is_honoured_once_the_consumers_are_up(run_consumer, mode, tmp_path):
+    # As PID 1 the kernel drops a signal that has no handler: Django's start-up is such a window. The
+    # test settings hold start-up for 3 s once they begin loading, and say so in a file.
+    marker = tmp_path / "loading"
+    proc = run_consumer("jobs:a", *mode, prefix=("unshare", "--pid", "--fork", "--kill-child"),
+                        env={"SHOAL_TEST_SLOW_START": str(marker)})
+    wait_for(marker.exists, timeout=60, what="the consumer to start loading its settings")
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as children:
+        (pid1,) = [int(pid) for pid in children.read().split()]  # unshare's child: PID 1 of the namespace
+    os.kill(pid1, signal.SIGTERM)
+    assert proc.wait(timeout=90) == 0, proc.output()
+    assert "started" in proc.output() and "stopped" in proc.output(), proc.output()
