@@ -55,6 +55,7 @@ class PassReport:
     trimmed: dict = field(default_factory=dict)  # stream -> entries trimmed
     snapshots: int = 0
     errors: list = field(default_factory=list)
+    unreachable: bool = False  # some step failed because Redis did not answer
 
 
 class Reclaimer:
@@ -67,6 +68,7 @@ class Reclaimer:
         self.passes = 0
         self.last_report = None
         self._reported = set()  # problems already logged: a key of the wrong type is logged once, not every pass
+        self.down_since = None  # monotonic time of the first failed pass of an outage
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -86,8 +88,7 @@ class Reclaimer:
                 self.audit(spec, report)
                 self.remove_idle_consumers(spec, report)
             except TRANSIENT_ERRORS as exc:
-                report.errors.append(f"{spec.name}: {exc}")
-                logger.warning("Reclaimer: Redis unreachable while checking %s (%s); next pass will retry", spec.name, exc)
+                self.unreachable(report, f"checking {spec.name}", exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
                     self._skip(spec.name, spec.stream, exc, report)
@@ -95,23 +96,33 @@ class Reclaimer:
             try:
                 self.trim(stream, report)
             except TRANSIENT_ERRORS as exc:
-                report.errors.append(f"{stream}: {exc}")
-                logger.warning("Reclaimer: Redis unreachable while trimming %s (%s)", stream, exc)
+                self.unreachable(report, f"trimming {stream}", exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
                     self._skip(stream, stream, exc, report)
         try:
             self.snapshot(now, report)
         except TRANSIENT_ERRORS as exc:
-            report.errors.append(f"snapshots: {exc}")
-            logger.warning("Reclaimer: Redis unreachable while taking snapshots (%s)", exc)
+            self.unreachable(report, "taking snapshots", exc)
         except DatabaseError as exc:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
         self.sync_mirrors(report)
         self._reported &= set(report.errors)  # a problem that went away is logged again if it comes back
+        if not report.unreachable and self.down_since is not None:
+            logger.warning("Reclaimer: Redis reachable again after %.0fs; passes go on", time.monotonic() - self.down_since)
+            self.down_since = None
         self.passes += 1
         return report
+
+    def unreachable(self, report, what, exc):
+        """Record a step that Redis did not answer; log an outage once, not once per step and pass."""
+        report.errors.append(f"{what}: {exc}")
+        report.unreachable = True
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            logger.warning("Reclaimer: Redis unreachable while %s (%s); retrying every pass, quietly until it is "
+                           "back", what, exc)
 
     def _skip(self, name, stream, exc, report):
         """A group (or stream) Redis refuses, e.g. its key holds a string: skipped, logged once, reported."""
@@ -209,7 +220,9 @@ class Reclaimer:
 
         try:
             state = mirror.sync_all(conn=self.conn)
-        except (*TRANSIENT_ERRORS, redis.ResponseError, DatabaseError) as exc:
+        except TRANSIENT_ERRORS as exc:
+            self.unreachable(report, "syncing the admin mirror", exc)
+        except (redis.ResponseError, DatabaseError) as exc:
             report.errors.append(f"mirror: {exc}")
             logger.warning("Reclaimer: could not sync the admin mirror (%s); the admin shows its age", exc)
         except Exception as exc:  # a bug or bad data in the copy must not stop dead-lettering and trimming

@@ -3,6 +3,9 @@ import threading
 import time
 
 import pytest
+import redis as redis_lib
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from prometheus_client import REGISTRY
 
 from streams_app import publish_many
@@ -175,3 +178,24 @@ def test_no_trimming_while_a_declared_group_does_not_exist_yet(redis):
     redis.xack("ledger", "fast", *[i for i, _ in got])
     assert reclaimer(["ledger:fast"]).tick().trimmed == {}
     assert [i for i, _ in redis.xrange("ledger")] == ids
+
+
+def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(redis_factory, use_redis, caplog):
+    server = redis_factory()
+    use_redis(server)  # the mirror's copies go down with it
+    specs = select(["jobs:a", "failing:g"])
+    reclaim = Reclaimer(specs, conn=redis_lib.Redis(port=server.port, socket_timeout=2, retry=Retry(NoBackoff(), 0)), config={**get_settings()})
+    reclaim.tick()
+    server.stop()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="streams_app"):
+        for _ in range(20):
+            assert reclaim.tick().errors
+        down = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+        assert len(down) == 1 and "unreachable" in down[0].getMessage(), [r.getMessage() for r in down]
+        server.start()
+        caplog.clear()
+        assert not reclaim.tick().errors
+        assert reclaim.tick().errors == []
+        back = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(back) == 1 and "reachable again" in back[0], back
