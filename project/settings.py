@@ -117,19 +117,31 @@ STATIC_ROOT = VAR_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
+# LOG_FORMAT=json: one JSON object per line (shoal_common/logformat.py), for log shippers.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").lower()
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain (the default) or json.")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"},
+        "json": {"()": "shoal_common.logformat.JsonFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
     },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "streams_app": {"level": LOG_LEVEL},
         "discovery_app": {"level": LOG_LEVEL},
         "demo": {"level": LOG_LEVEL},
+        # Probes and scanners are not news: a 404 or 400 is the client's business (django.request
+        # logs 4xx as WARNING), and a request with a Host outside ALLOWED_HOSTS is dropped with a 400
+        # and no 14-line traceback. Server errors (5xx) are still logged; /readyz's 503 is not an
+        # error of this process (project/health.py marks it logged).
+        "django.request": {"level": "ERROR"},
+        "django.security.DisallowedHost": {"handlers": [], "level": "CRITICAL", "propagate": False},
     },
 }

@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from shoal_common import early_signals
+from shoal_common import early_signals, logformat
 from streams_app import broadcast
 
 from streams_app.consuming import liveness
@@ -99,6 +99,7 @@ class Worker:
 
     def boot(self):
         """Create groups up front, so a misconfigured stream fails the start instead of a thread."""
+        logformat.set_context(consumer=self.name, selector=" ".join(spec.name for spec in self.specs))
         conn = get_connection()
         for spec in self.specs:
             try:
@@ -148,6 +149,7 @@ class Worker:
         return liveness.reader_client_name(self.name)
 
     def _run_loop(self, loop):
+        logformat.set_context(thread=True, stream=loop.stream, group=loop.group)
         try:
             loop.run()
         except BaseException as exc:

@@ -18,7 +18,7 @@ from collections import deque
 
 from setproctitle import setproctitle
 
-from shoal_common import early_signals
+from shoal_common import early_signals, logformat
 from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK
 from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
@@ -120,6 +120,7 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self):
+        logformat.set_context(selector=self.label or None)
         self.install_signals()
         logger.info("Supervisor: started (%s); %s", self.label or "all consumers", self.describe_target())
         while not self.done:
