@@ -173,6 +173,10 @@ class Reclaimer:
             report.consumers_removed[spec.name] = removed
             logger.info("Reclaimer: removed %d idle consumers with nothing pending from %s: %s",
                         len(removed), spec.name, ", ".join(removed))
+        lapsed = liveness.prune(self.conn, spec.stream, min_idle)
+        if lapsed:
+            logger.info("Reclaimer: forgot %d consumers of %s whose liveness lapsed over %ds ago: %s",
+                        len(lapsed), spec.stream, min_idle // 1000, ", ".join(lapsed))
         return removed
 
     def safe_trim_id(self, stream):

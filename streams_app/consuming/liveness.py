@@ -38,3 +38,17 @@ def dead_consumers(conn, stream):
     """Names on ``stream`` whose deadline has passed."""
     return {to_text(name)
             for name in scripts.run(conn, "liveness_dead", [liveness_key(stream)], [])}
+
+
+def prune(conn, stream, grace_ms):
+    """Forget names whose deadline lapsed more than ``grace_ms`` ago, known to a group or not.
+
+    Names that still hold pending entries in a group of the stream keep their record: it is what
+    lets a consumer take those entries over at once.
+    """
+    holding = set()
+    for group in conn.xinfo_groups(stream):
+        if int(group["pending"]):
+            holding.update(to_text(c["name"]) for c in conn.xinfo_consumers(stream, group["name"]) if int(c["pending"]))
+    return [to_text(name) for name in
+            scripts.run(conn, "liveness_prune", [liveness_key(stream)], [int(grace_ms), *sorted(holding)])]

@@ -199,3 +199,14 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(redis_fac
         assert reclaim.tick().errors == []
         back = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(back) == 1 and "reachable again" in back[0], back
+
+
+def test_liveness_of_a_consumer_no_group_knows_is_forgotten_once_long_lapsed(redis):
+    # A worker SIGKILLed before its first entry: a deadline in {jobs}:consumers, no consumer in the group.
+    publish_many("jobs", [{"n": 1}])
+    redis.xgroup_create("jobs", "a", id="0")
+    now_ms = int(redis.time()[0]) * 1000
+    redis.hset("{jobs}:consumers", mapping={"never-read": now_ms - 120_000, "lapsed-just-now": now_ms - 1_000,
+                                             "alive": now_ms + 15_000})
+    reclaimer(["jobs:a"], DEAD_CONSUMER_IDLE=60.0).tick()
+    assert set(redis.hkeys("{jobs}:consumers")) == {"lapsed-just-now", "alive"}
