@@ -19,7 +19,11 @@ import contextlib
 import fcntl
 import glob
 import os
+import shutil
+import tempfile
+import time
 from collections import defaultdict
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict
@@ -120,3 +124,35 @@ def _fold_into_archive(path, typ, dead):
         out.close()
     os.replace(tmp, archive)
     os.remove(dead)
+
+
+# -- the supervisor's own directories ----------------------------------------------------------
+
+SUPERVISOR_PARENT = "shoal-consumer-metrics"
+OWNER_FILE = ".owner"
+_owned = []  # open, locked owner files: the lock lasts as long as this process
+
+
+def supervisor_directory(parent=None):
+    """A fresh directory for a runconsumer master's worker metrics, under one known parent.
+
+    The master holds a lock on a file inside it for its whole life. A master killed with SIGKILL
+    cannot remove its directory, so each new one first removes the directories whose lock nobody
+    holds any more (younger ones are spared: their master may not have locked them yet).
+    """
+    parent = Path(parent or tempfile.gettempdir()) / SUPERVISOR_PARENT
+    parent.mkdir(mode=0o700, exist_ok=True)
+    for old in parent.iterdir():
+        try:
+            if not old.is_dir() or time.time() - old.stat().st_mtime < 60:
+                continue
+            with open(old / OWNER_FILE, "a") as owner:
+                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its master lives
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
+    path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=parent))
+    owner = open(path / OWNER_FILE, "a")
+    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _owned.append(owner)
+    return str(path)

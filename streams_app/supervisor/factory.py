@@ -1,7 +1,6 @@
 """Assembling a supervisor from settings and runconsumer's options (the command stays an adapter)."""
 import atexit
 import shutil
-import tempfile
 
 from streams_app.metrics import multiprocess
 from streams_app.supervisor.autoscale import Autoscaler
@@ -33,7 +32,7 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         metrics = PoolMetrics()
         # Workers read PROMETHEUS_MULTIPROC_DIR when they import prometheus_client: a directory of
         # this master's own, whatever the environment says (it may be the web tier's).
-        path = tempfile.mkdtemp(prefix="shoal-consumer-metrics-")
+        path = multiprocess.supervisor_directory()
         atexit.register(shutil.rmtree, path, True)
         metrics.collect_workers(path)
         spawner_env[multiprocess.ENV] = path
