@@ -38,7 +38,16 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    from streams_app.exceptions import ConsumerConfigError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except ConsumerConfigError as exc:
+        # Django imports every consumers.py at start-up; an invalid @consumer there (a generator
+        # handler, an unknown option) is a configuration error: exit 3 with the reason, as the README's
+        # exit-code table says, so a service manager does not restart it in a loop.
+        sys.stderr.write(f"Configuration error in a @consumer declaration: {exc}\n")
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ SETTINGS = (
             "How long an idle XREADGROUP blocks waiting for new entries. Must be below the Redis socket timeout."),
     Setting("THREADS", 4, POSITIVE_INT,
             "Handler threads per worker process (``runconsumer --threads``)."),
+    Setting("ASYNC_CONCURRENCY", 100, POSITIVE_INT,
+            "The most ``async def`` handlers one worker process awaits at once (``runconsumer --concurrency``). "
+            "They share one event loop; sync handlers are bounded by THREADS instead."),
     Setting("PENDING_TIMEOUT_MS", 30_000, POSITIVE_INT,
             "An entry unacknowledged for this long is taken to be abandoned and may be claimed by a live consumer."),
     Setting("CLAIM_INTERVAL_MS", 10_000, POSITIVE_INT,

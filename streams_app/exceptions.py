@@ -42,3 +42,7 @@ class ReplayError(StreamsError, ValueError):
 
 class BroadcastError(StreamsError, ValueError):
     """A broadcast could not be sent as given (empty type, data that is not JSON)."""
+
+
+class HandlerShapeError(StreamsError, TypeError):
+    """A handler's call did not run its work (it returned a coroutine or a generator): the entry fails."""

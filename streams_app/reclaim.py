@@ -155,7 +155,7 @@ class Reclaimer:
             cursor = "(" + _str(rows[-1]["message_id"])
         if not over:
             return 0
-        results = deadletters.move(self.conn, spec.stream, spec.group, [(i, "", "") for i in over])
+        results = deadletters.move(self.conn, spec.stream, spec.group, [(i, deadletters.RECORDED_ERROR, "") for i in over])
         moved = sum(1 for r in results if r not in (0, "gone"))
         if moved:
             report.dead_lettered[spec.name] = moved

@@ -1,6 +1,10 @@
 """The ``@consumer`` decorator and the table of declared consumers."""
+import difflib
 import functools
+import inspect
 from dataclasses import dataclass, field
+
+from asgiref.sync import iscoroutinefunction
 
 from streams_app.exceptions import ConsumerConfigError, PublishError
 from streams_app.producer import validate_stream_name
@@ -19,6 +23,7 @@ class ConsumerSpec:
     batch: int | None = None
     max_deliveries: int = 5
     options: dict = field(default_factory=dict, compare=False)
+    is_async: bool = False  # the handler is awaited on the worker's event loop (see handler_kind)
 
     @property
     def retry_backoff(self):
@@ -77,6 +82,52 @@ def _check_backoff(value):
     return (float(pair[0]), None if pair[1] is None else float(pair[1]))
 
 
+def _call_target(handler):
+    """What calling ``handler`` runs: the function itself, a partial's function, an object's ``__call__``."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.isfunction(handler) or inspect.ismethod(handler) or inspect.isbuiltin(handler):
+        return handler
+    if isinstance(handler, type):
+        return handler  # a class: calling it makes an instance, which is what runs
+    return getattr(type(handler), "__call__", handler)
+
+
+def handler_kind(handler):
+    """"sync" or "async"; raises ConsumerConfigError for anything whose call would not run the work.
+
+    A generator function (or async generator function) returns an unstarted generator when called:
+    its body would never run, yet the entry would be acked. Refused here, at import time, rather
+    than found out by messages that vanish.
+    """
+    if not callable(handler):
+        raise ConsumerConfigError(
+            f"@consumer decorates a callable taking the message, not {type(handler).__name__} {handler!r}")
+    target = _call_target(handler)
+    name = describe_handler(handler)
+    if inspect.isasyncgenfunction(target):
+        raise ConsumerConfigError(
+            f"handler {name} is an async generator function (async def with yield): calling it runs nothing. "
+            "A handler is a plain function or an async def without yield.")
+    if inspect.isgeneratorfunction(target):
+        raise ConsumerConfigError(
+            f"handler {name} is a generator function (it contains yield): calling it runs nothing, so every "
+            "message would be acked unhandled. Remove the yield (collect into a list if needed).")
+    return "async" if iscoroutinefunction(handler) or iscoroutinefunction(target) else "sync"
+
+
+# Keyword arguments of consumer() after ``stream``: an unknown one is a typo of one of these.
+_OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention")
+
+
+def _refuse_unknown(options):
+    for name in options:
+        close = difflib.get_close_matches(name, _OPTIONS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "."
+        raise ConsumerConfigError(f"@consumer got an unknown option {name}={options[name]!r}{hint} "
+                                  f"Valid options: {', '.join(_OPTIONS)}.")
+
+
 def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
              retention=None, **options):
     """Register ``handler(message)`` for ``group`` on ``stream``.
@@ -87,7 +138,11 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_ba
     ``idempotent``: None, "redis" (a SET NX guard per message key) or "db" (a ProcessedMessage row
     written in the handler's own transaction). ``retention="acked"``: the reclaim daemon trims
     entries every group of the stream has acknowledged.
+
+    ``handler`` may be a function (run in a handler thread) or an ``async def`` (awaited on the
+    worker's event loop). Generator functions and non-callables are refused.
     """
+    _refuse_unknown(options)
     try:
         validate_stream_name(stream)
     except PublishError as exc:
@@ -109,11 +164,17 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_ba
         raise ConsumerConfigError(f"idempotent must be None, 'redis' or 'db', not {idempotent!r}")
     if retention not in RETENTION_CHOICES:
         raise ConsumerConfigError(f"retention must be None or 'acked', not {retention!r}")
-    options = {**options, "retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent,
-               "retention": retention}
+    options = {"retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent, "retention": retention}
 
     def register(handler):
-        spec = ConsumerSpec(stream, group, handler, start, batch, max_deliveries, dict(options))
+        is_async = handler_kind(handler) == "async"
+        if is_async and idempotent == "db":
+            raise ConsumerConfigError(
+                f"{stream}:{group}: idempotent='db' cannot guard an async handler. The guard row must be written "
+                "in the same database transaction as the handler's writes, and Django's transactions do not "
+                "work in async code (each async ORM call runs on its own, outside any atomic block). Use a "
+                "sync handler (def) with idempotent='db', or idempotent='redis' with this async handler.")
+        spec = ConsumerSpec(stream, group, handler, start, batch, max_deliveries, dict(options), is_async)
         existing = _registry.get((stream, group))
         if existing is not None and existing.handler_path != spec.handler_path:
             raise ConsumerConfigError(

@@ -1,102 +1,235 @@
-"""Running handlers on a batch of messages, in a handler thread."""
+"""Running a handler on a chunk of messages: sync handlers in a handler thread, async ones on the
+worker's event loop (streams_app.consuming.eventloop). Both share one bookkeeping class, so an async
+handler is acked, retried, dead-lettered and timed exactly like a sync one.
+
+Whatever a handler raises is a failure of its message, never an escape: ``Exception`` and every
+``BaseException`` alike (``SystemExit`` from a library's ``sys.exit()``, ``KeyboardInterrupt``,
+``GeneratorExit``), so each obeys max_deliveries and none kills or wedges the worker. A handler
+thread never receives the interpreter's own signals (Python delivers them to the main thread,
+where the worker handles SIGTERM/SIGINT itself), so such an exception always came from handler
+code. The one exception passed through is ``asyncio.CancelledError`` while the worker itself is
+cancelling the chunk at the end of the shutdown timeout: that entry stays pending for takeover.
+"""
+import asyncio
+import inspect
 import logging
 import time
-from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
+from streams_app.exceptions import HandlerShapeError, PayloadDecodeError
 from streams_app.metrics import consumer as metrics
-from streams_app.exceptions import PayloadDecodeError
 
 logger = logging.getLogger("streams_app.consumer")
 
-FAILED = "failed"
-POISON = "poison"
 
-
-@dataclass(slots=True)
-class Outcome:
-    message: object
-    status: str
-    error: BaseException | None = None
-
-
-def run_chunk(handler, messages, guard=None, budget=None):
-    """Run ``handler`` on each message; return (ids to ack, failed Outcomes, seconds per message, not started).
-
-    A handler exception is an outcome, never an escape: one bad message must not take the rest of
-    the chunk, or the worker, with it. ``guard`` (streams_app.consuming.idempotency) skips duplicates.
+class Chunk:
+    """The bookkeeping of one chunk: what to run, what succeeded or failed, the guard, the metrics.
 
     ``budget`` (seconds): once a chunk has run that long it starts no further message and hands
     the rest back. Chunks are sized from past handler speed; when handlers slow down, a big chunk
     would otherwise hold finished entries unacked until another consumer's takeover (after the
     pending timeout) handled them a second time.
     """
-    close_old_connections()
-    recorder = metrics.chunk_started(messages)
-    started = time.perf_counter()
-    acked = []
-    failed = []
-    runnable = []
-    for message in messages:
-        target = message.target_group
-        if target is not None and target != message.group:
-            # A dead letter replayed for another group: this group handled it the first time.
-            acked.append(message.id)
-            continue
+
+    def __init__(self, messages, guard, budget):
+        self.messages = messages
+        self.guard = guard
+        self.budget = budget
+        self.recorder = metrics.chunk_started(messages)
+        self.started = time.perf_counter()
+        self.result = ChunkResult()
+        self.succeeded = []
+        self.errored = []
+
+    def runnable(self):
+        """The messages to hand to the handler: replays for other groups are acked, poison fails."""
+        runnable = []
+        for message in self.messages:
+            target = message.target_group
+            if target is not None and target != message.group:
+                # A dead letter replayed for another group: this group handled it the first time.
+                self.result.acked.append(message.id)
+                continue
+            try:
+                # Decode before the handler runs, so poison input is found even if the handler
+                # would never have looked at the payload.
+                message.decode()
+            except PayloadDecodeError as exc:
+                logger.error("Consumer %s: entry %s on %s is poison: %s", message.consumer, message.id, message.stream, exc)
+                self.result.failed.append(Outcome(message, Status.POISON, exc))
+                continue
+            runnable.append(message)
+        return runnable
+
+    def admit(self, runnable):
+        """Ask the idempotency guard which messages to run (a Redis round trip for the "redis" guard)."""
+        if self.guard is None or not runnable:
+            return runnable
         try:
-            # Decode before the handler runs, so poison input is found even if the handler
-            # would never have looked at the payload.
-            message.decode()
-        except PayloadDecodeError as exc:
-            logger.error("Consumer %s: entry %s on %s is poison: %s", message.consumer, message.id, message.stream, exc)
-            failed.append(Outcome(message, POISON, exc))
-            continue
-        runnable.append(message)
-    if guard is not None and runnable:
-        try:
-            runnable, duplicates, busy = guard.begin(runnable)
+            runnable, duplicates, busy = self.guard.begin(runnable)
         except BaseException:
-            recorder.in_flight.dec(len(messages))  # the chunk fails whole; the loop retries it
+            self.abandon()  # the chunk fails whole; the loop counts a failed delivery for each message
             raise
-        acked.extend(m.id for m in duplicates)
-        failed.extend(Outcome(m, FAILED, exc) for m, exc in busy)
-    succeeded = []
-    errored = []
+        self.result.acked.extend(m.id for m in duplicates)
+        self.result.failed.extend(Outcome(m, Status.FAILED, exc) for m, exc in busy)
+        return runnable
+
+    def out_of_time(self, index):
+        return self.budget is not None and index and time.perf_counter() - self.started > self.budget
+
+    def ran(self, message):
+        self.result.acked.append(message.id)
+        self.succeeded.append(message)
+
+    def duplicate(self, message):
+        logger.info("Consumer %s: entry %s of %s/%s is a duplicate; acked without running the handler",
+                    message.consumer, message.id, message.stream, message.group)
+        self.result.acked.append(message.id)
+
+    def failed(self, message, exc):
+        logger.warning(
+            "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s",
+            message.consumer, message.id, message.stream, message.group, message.deliveries,
+            exception_text(exc), exc_info=logger.isEnabledFor(logging.DEBUG),
+        )
+        self.result.failed.append(Outcome(message, Status.FAILED, exc))
+        self.errored.append(message)
+
+    def end_guard(self):
+        if self.guard is None:
+            return
+        try:
+            self.guard.end(self.succeeded, self.errored)
+        except Exception as exc:
+            # The handlers ran: ack them all the same. Without the done mark a later duplicate
+            # delivery may run again, which the "redis" guard never promised to prevent.
+            first = self.messages[0]
+            logger.warning("Consumer %s: could not record %d handled entries of %s/%s in the idempotency guard: %s",
+                           first.consumer, len(self.succeeded), first.stream, first.group, exception_text(exc))
+
+    def close(self, left=()):
+        """Record the chunk's metrics and return its ChunkResult. Never raises: the handlers ran."""
+        elapsed = time.perf_counter() - self.started
+        done = len(self.messages) - len(left)
+        result = self.result
+        result.left = list(left)
+        result.seconds_per_message = elapsed / max(done, 1)
+        try:
+            self.recorder.finished(done, len(result.acked), result.failed, elapsed)
+            if left:
+                self.recorder.in_flight.dec(len(left))
+        except Exception:
+            logger.exception("Consumer %s: could not record the metrics of a chunk", self.messages[0].consumer)
+        return result
+
+    def abandon(self):
+        """The chunk ends without a result (a guard's error, a cancel at shutdown)."""
+        self.recorder.in_flight.dec(len(self.messages))
+
+
+# -- sync handlers, in a handler thread ----------------------------------------------------------
+
+def run_chunk(handler, messages, guard=None, budget=None):
+    """Run the sync ``handler`` on each message in this thread; return a ChunkResult.
+
+    ``guard`` (streams_app.consuming.idempotency) skips duplicates.
+    """
+    close_old_connections()
+    chunk = Chunk(messages, guard, budget)
+    runnable = chunk.admit(chunk.runnable())
+    call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
-        if budget is not None and index and time.perf_counter() - started > budget:
+        if chunk.out_of_time(index):
             left = runnable[index:]
             break
         try:
             if guard is None:
-                handler(message)
-            elif not guard.call(handler, message):
-                logger.info("Consumer %s: entry %s of %s/%s is a duplicate; acked without running the handler",
-                            message.consumer, message.id, message.stream, message.group)
-        except Exception as exc:
-            logger.warning(
-                "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s: %s",
-                message.consumer, message.id, message.stream, message.group, message.deliveries,
-                type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
-            )
-            failed.append(Outcome(message, FAILED, exc))
-            errored.append(message)
+                call(message)
+            elif not guard.call(call, message):
+                chunk.duplicate(message)
+                continue
+        except BaseException as exc:  # see the module docstring: every exception obeys max_deliveries
+            chunk.failed(message, exc)
         else:
-            acked.append(message.id)
-            succeeded.append(message)
-    if guard is not None:
-        try:
-            guard.end(succeeded, errored)
-        except Exception as exc:
-            # The handlers ran: ack them all the same. Without the done mark a later duplicate
-            # delivery may run again, which the "redis" guard never promised to prevent.
-            logger.warning("Consumer %s: could not record %d handled entries of %s/%s in the idempotency guard: %s",
-                           messages[0].consumer, len(succeeded), messages[0].stream, messages[0].group, exc)
-    elapsed = time.perf_counter() - started
-    done = len(messages) - len(left)
-    recorder.finished(done, len(acked), failed, elapsed)
-    if left:
-        recorder.in_flight.dec(len(left))
+            chunk.ran(message)
+    chunk.end_guard()
     close_old_connections()
-    return acked, failed, elapsed / max(done, 1), left
+    return chunk.close(left)
+
+
+def _checked(handler):
+    """``handler`` called so that a result meaning "nothing ran" is a failure, not a success."""
+
+    def call(message):
+        result = handler(message)
+        if result is not None:
+            reason = _did_not_run(result)
+            if reason:
+                raise HandlerShapeError(reason)
+        return result
+
+    return call
+
+
+def _did_not_run(result):
+    """Why ``result`` shows the handler's body did not run, or None. Discards the unrun object."""
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if inspect.isgenerator(result):
+            result.close()
+        return ("the handler returned a generator, so its body never ran: a handler must not yield. "
+                "Remove the yield (collect into a list if needed).")
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # no "coroutine was never awaited" warning on top of this error
+        return ("the handler returned an awaitable instead of running it: Shoal took it for a sync handler "
+                "(a sync decorator around an async def?). Declare the handler itself with async def, or mark "
+                "the wrapper with asgiref.sync.markcoroutinefunction(), so Shoal awaits it.")
+    return None
+
+
+# -- async handlers, on the worker's event loop ---------------------------------------------------
+
+_close_old_connections = sync_to_async(close_old_connections, thread_sensitive=True)
+
+
+async def run_chunk_async(handler, messages, guard=None, budget=None):
+    """Await the ``async def`` ``handler`` on each message in turn; return a ChunkResult.
+
+    Database connections: Django's async ORM runs queries in asgiref's one thread for sync code,
+    so stale connections are closed there (as Django's ASGI handler does for each request), not in
+    the event loop's thread. The guard's Redis round trips run in a thread too, off the loop.
+    """
+    await _close_old_connections()
+    chunk = Chunk(messages, guard, budget)
+    try:
+        runnable = chunk.runnable()
+        if guard is not None and runnable:
+            runnable = await asyncio.to_thread(chunk.admit, runnable)
+        left = []
+        for index, message in enumerate(runnable):
+            if chunk.out_of_time(index):
+                left = runnable[index:]
+                break
+            try:
+                result = await handler(message)
+            except BaseException as exc:  # see the module docstring
+                if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                    raise  # the worker's shutdown cancels the chunk: its entries stay pending
+                chunk.failed(message, exc)
+            else:
+                reason = None if result is None else _did_not_run(result)
+                if reason:
+                    chunk.failed(message, HandlerShapeError(reason))
+                else:
+                    chunk.ran(message)
+        if guard is not None:
+            await asyncio.to_thread(chunk.end_guard)
+    except asyncio.CancelledError:
+        chunk.abandon()
+        raise
+    await _close_old_connections()
+    return chunk.close(left)

@@ -30,7 +30,8 @@ from streams_app.consuming import liveness
 
 from streams_app.metrics import consumer as metrics
 from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.consuming.chunks import POISON, run_chunk
+from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.groups import ensure_group, is_nogroup
 from streams_app.consuming.idempotency import make_guard
 from streams_app.keys import dead_letter_key
@@ -54,7 +55,8 @@ _str = to_text
 
 
 class GroupLoop:
-    def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic):
+    def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
+                 concurrency=None):
         self.spec = spec
         self.stream = spec.stream
         self.group = spec.group
@@ -76,8 +78,17 @@ class GroupLoop:
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
-        self.slots = 2 * threads
-        self.max_chunk = max(1, -(-self.batch // threads))
+        if spec.is_async:
+            # ``executor`` is the worker's EventLoopRunner: one coroutine per message, as many in
+            # flight as the concurrency bound. No chunking: a chunk's messages would be awaited one
+            # after the other, and the hand-off to the loop costs little next to an await.
+            self.run_chunk = run_chunk_async
+            self.slots = concurrency or threads
+            self.max_chunk = 1
+        else:
+            self.run_chunk = run_chunk
+            self.slots = 2 * threads
+            self.max_chunk = max(1, -(-self.batch // threads))
         self.chunk_size = 1
         self.seconds_per_message = None
 
@@ -266,7 +277,7 @@ class GroupLoop:
             # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
             # chunk was lost) is treated like any abandoned entry.
             if deliveries >= self.max_deliveries:
-                self.to_dead_letter.append((last, "", ""))  # "" = the error recorded by the failing worker
+                self.to_dead_letter.append((last, deadletters.RECORDED_ERROR, ""))
             elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
                 wanted[last] = deliveries
                 if len(wanted) >= room:
@@ -293,7 +304,7 @@ class GroupLoop:
         size = self.chunk_size
         for start in range(0, len(messages), size):
             chunk = messages[start : start + size]
-            future = self.executor.submit(run_chunk, self.spec.handler, chunk, self.guard, self.chunk_budget)
+            future = self.executor.submit(self.run_chunk, self.spec.handler, chunk, self.guard, self.chunk_budget)
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
 
@@ -313,23 +324,25 @@ class GroupLoop:
     def _finish(self, future):
         chunk = self.chunks.pop(future)
         try:
-            acked, failed, seconds, left = future.result()
-        except BaseException:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
+            result = future.result()
+        except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
+            # A failed delivery like any other, so even an error outside the handler that repeats
+            # on every delivery ends in the dead-letter stream at max_deliveries, not in a loop.
             for message in chunk:
-                self._schedule_retry(message.id, message.deliveries)
+                self.on_failure(Outcome(message, Status.FAILED, exc))
             return
-        self._adapt_chunk(seconds)
-        self.to_ack.extend(acked)
-        for outcome in failed:
+        self._adapt_chunk(result.seconds_per_message)
+        self.to_ack.extend(result.acked)
+        for outcome in result.failed:
             self.on_failure(outcome)
-        if left:
-            self._submit(left)  # still ours in the PEL; the smaller chunk size now applies
+        if result.left:
+            self._submit(result.left)  # still ours in the PEL; the smaller chunk size now applies
 
     def on_failure(self, outcome):
         """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
         message = outcome.message
-        poison = outcome.status == POISON
+        poison = outcome.status is Status.POISON
         error, traceback = deadletters.describe(outcome.error, poison=poison)
         if poison or message.deliveries >= self.max_deliveries:
             self.to_dead_letter.append((message.id, error, traceback))

@@ -1,5 +1,9 @@
 """One consumer process: a read loop per group, a shared pool of handler threads, and signals.
 
+Sync handlers run in the thread pool (``threads``); ``async def`` handlers on one event loop in a
+thread of its own (streams_app.consuming.eventloop), at most ``concurrency`` at once. The read loops
+treat both alike.
+
 Signal handlers only put the signal on a queue; the main thread acts on it. The first TERM/INT
 stops reading at once (blocked reads are cut short with CLIENT UNBLOCK) and lets in-flight
 handlers finish until the shutdown timeout; the second exits at once. Either way unacknowledged
@@ -21,6 +25,7 @@ from streams_app.consuming import liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
+from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.naming import consumer_name
@@ -44,7 +49,7 @@ class Worker:
     executor_class = ThreadPoolExecutor
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
-                 clock=time.monotonic, heartbeat=None):
+                 clock=time.monotonic, heartbeat=None, concurrency=None):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -53,6 +58,8 @@ class Worker:
         self.config = config
         self.specs = list(specs)
         self.threads = threads or config["THREADS"]
+        self.concurrency = concurrency or config["ASYNC_CONCURRENCY"]
+        self.event_loop = None  # an EventLoopRunner, made at boot when some handler is async
         self.shutdown_timeout = config["SHUTDOWN_TIMEOUT"] if shutdown_timeout is None else shutdown_timeout
         self.name = name or consumer_name()
         self.clock = clock
@@ -73,8 +80,9 @@ class Worker:
         self.install_signals()
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
-        logger.info("Consumer %s: started (%s; %d handler threads)", self.name,
-                    ", ".join(s.name for s in self.specs), self.threads)
+        logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
+                    ", ".join(s.name for s in self.specs), self.threads,
+                    f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
         while self.alive():
             if self.heartbeat is not None:
                 self.heartbeat(self)
@@ -90,8 +98,10 @@ class Worker:
                 self.unblock_readers()
         if any(getattr(loop, "crashed", None) is not None for loop in self.loops):
             self.exit_code = EXIT_CRASH  # also when the last loop died between two checks above
-        self.stuck = sum(loop.busy_chunks for loop in self.loops)
+        self.stuck = sum(loop.busy_chunks for loop in self.loops if not loop.spec.is_async)
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
+        if self.event_loop is not None:
+            self.stuck += self.event_loop.shutdown()
         self.forget_liveness()
         broadcast.stop_listener()
         logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(loop.handled for loop in self.loops))
@@ -108,11 +118,13 @@ class Worker:
                 logger.warning("Consumer %s: Redis unreachable at start (%s); the read loops will keep trying", self.name, exc)
                 break
         self.executor = self.executor_class(self.threads, thread_name_prefix="shoal-handler")
+        if any(spec.is_async for spec in self.specs):
+            self.event_loop = EventLoopRunner(self.concurrency)
         for spec in self.specs:
             loop = GroupLoop(
                 spec, self.name, conn=conn, reader=dedicated_connection(self.reader_client_name),
-                executor=self.executor, threads=self.threads, shutdown=self.shutdown, config=self.config,
-                clock=self.clock,
+                executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
+                shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
             )
             thread = threading.Thread(target=self._run_loop, args=(loop,), name=f"shoal-read-{spec.name}", daemon=True)
             self.loops.append(loop)
@@ -138,6 +150,21 @@ class Worker:
             liveness.forget(get_connection(), self.streams, self.name)
         except TRANSIENT_ERRORS:
             pass  # it lapses by itself
+
+    def progress_stamp(self, now):
+        """For the supervisor's heartbeat: ``now`` while idle, else when a handler last made progress.
+
+        With both kinds of handler, progress of either counts; a pool with nothing running has
+        nothing stuck. Executors without progress tracking (unsupervised workers) count as progress.
+        """
+        stamps = []
+        for pool in (self.executor, self.event_loop):
+            progress = getattr(pool, "progress_stamp", None)
+            if pool is not None:
+                stamp = progress(now) if progress is not None else now
+                if stamp != now:
+                    stamps.append(stamp)
+        return max(stamps) if stamps else now
 
     @property
     def streams(self):

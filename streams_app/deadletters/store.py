@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.connection import get_connection
+from streams_app.consuming.outcomes import exception_text
 from streams_app.message import decode_fields
 
 logger = logging.getLogger("streams_app.deadletters")
@@ -24,14 +25,17 @@ TRACEBACK_FRAMES = 8
 DECODE_ERROR = "decode"
 # Entries per script call: keeps one script run short, so it does not stall other clients.
 MOVE_BATCH = 100
+# As the error of a move(): "use the last error the failing worker recorded for this entry" (the
+# reclaim daemon and takeovers move entries whose handler failed in another process).
+RECORDED_ERROR = None
 METADATA_FIELDS = ("origin_stream", "origin_id", "group", "consumer", "deliveries", "error", "traceback", "failed_at")
 
 
 def describe(exc, poison=False):
-    """(error, traceback) of an exception, bounded. Poison input is ``decode: <reason>``."""
+    """(error, traceback) of an exception, bounded; never raises. Poison input is ``decode: <reason>``."""
     if poison:
         return f"{DECODE_ERROR}: {exc}"[:MAX_ERROR_CHARS], ""
-    error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+    error = exception_text(exc)[:MAX_ERROR_CHARS]
     lines = tb_module.format_exception(type(exc), exc, exc.__traceback__, limit=-TRACEBACK_FRAMES)
     return error, "".join(lines)[-MAX_TRACEBACK_CHARS:]
 
@@ -54,7 +58,7 @@ def last_error(conn, stream, group, entry_id):
 
 
 def move(conn, stream, group, failures, pipeline=None):
-    """Dead-letter (id, error, traceback) triples of ``group``; error '' uses the recorded last error.
+    """Dead-letter (id, error, traceback) triples of ``group``; error RECORDED_ERROR uses the recorded last error.
 
     Returns one result per entry (dead-letter id, 0 when no longer pending, 'gone' when deleted
     from the stream), or None when queued on ``pipeline``.

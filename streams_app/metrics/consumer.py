@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 
 from shoal_common.text import to_text
+from streams_app.consuming.outcomes import Status
 from streams_app.metrics import multiprocess
 
 logger = logging.getLogger("streams_app.metrics")
@@ -44,8 +45,8 @@ class ChunkRecorder:
 
     def __init__(self, stream, group):
         self.handled = handled.labels(stream, group)
-        self.failed_error = failed.labels(stream, group, "error")
-        self.failed_poison = failed.labels(stream, group, "poison")
+        self.failed_error = failed.labels(stream, group, Status.FAILED.reason)
+        self.failed_poison = failed.labels(stream, group, Status.POISON.reason)
         self.duration = duration.labels(stream, group)
         self.in_flight = in_flight.labels(stream, group)
 
@@ -55,7 +56,7 @@ class ChunkRecorder:
         if acked:
             self.handled.inc(acked)
         if failures:
-            poison = sum(1 for outcome in failures if outcome.status == "poison")
+            poison = sum(1 for outcome in failures if outcome.status is Status.POISON)
             if poison:
                 self.failed_poison.inc(poison)
             if len(failures) > poison:

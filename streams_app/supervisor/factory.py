@@ -39,8 +39,8 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         metrics.serve(options["metrics_port"], options.get("metrics_addr") or "127.0.0.1")
     reads_lag = autoscaler is not None or metrics is not None
     spawner = ExecSpawner(
-        selectors, heartbeat_interval=heartbeat_interval, threads=options.get("threads"), batch=options.get("batch"),
-        block_ms=options.get("block_ms"), shutdown_timeout=shutdown_timeout, log_level=log_level,
+        selectors, heartbeat_interval=heartbeat_interval, threads=options.get("threads"),
+        concurrency=options.get("concurrency"), batch=options.get("batch"), block_ms=options.get("block_ms"), shutdown_timeout=shutdown_timeout, log_level=log_level,
     )
     spawner.env.update(spawner_env)
     return Supervisor(

@@ -87,6 +87,7 @@ class Beater:
         if self.last is not None and now - self.last < self.interval:
             return
         self.last = now
-        progress = getattr(worker.executor, "progress_stamp", None)
+        # The Worker combines its thread pool's and event loop's progress; else the pool's own.
+        progress = getattr(worker, "progress_stamp", None) or getattr(worker.executor, "progress_stamp", None)
         stamp = progress(now) if progress is not None else now
         os.utime(self.fd, (stamp, stamp))

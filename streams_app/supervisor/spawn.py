@@ -26,9 +26,9 @@ def child_env(environ=None):
 
 class ExecSpawner:
     def __init__(self, selectors, *, heartbeat_interval, threads=None, batch=None, block_ms=None,
-                 shutdown_timeout=None, log_level=None):
+                 shutdown_timeout=None, log_level=None, concurrency=None):
         self.selectors = list(selectors)
-        options = {"--threads": threads, "--batch": batch, "--block-ms": block_ms,
+        options = {"--threads": threads, "--concurrency": concurrency, "--batch": batch, "--block-ms": block_ms,
                    "--shutdown-timeout": shutdown_timeout, "--log-level": log_level,
                    "--heartbeat-interval": heartbeat_interval}
         self.options = [item for key, value in options.items() if value is not None for item in (key, str(value))]

@@ -30,6 +30,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m streams_app.supervisor.worker_main", description=__doc__)
     parser.add_argument("selectors", nargs="*")
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--concurrency", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--block-ms", type=int)
     parser.add_argument("--shutdown-timeout", type=float)
@@ -72,7 +73,7 @@ def make_worker(args, specs):
             worker.stop(graceful=True)
 
     beater = Beater(args.heartbeat_fd, args.heartbeat_interval, master_pid=args.master_pid, on_orphaned=orphaned)
-    return SupervisedWorker(specs, threads=args.threads, batch=args.batch, block_ms=args.block_ms,
+    return SupervisedWorker(specs, threads=args.threads, concurrency=args.concurrency, batch=args.batch, block_ms=args.block_ms,
                             shutdown_timeout=args.shutdown_timeout, heartbeat=beater)
 
 

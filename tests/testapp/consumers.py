@@ -3,9 +3,11 @@
 ``started:<stream>:<group>`` and ``handled:<stream>:<group>`` are lists of entry ids (RPUSH), so a
 test counts handlings and duplicates exactly. Payload keys: ``sleep`` (seconds), ``fail`` (raise).
 """
+import asyncio
 import functools
 import os
 import signal
+import sys
 import time
 import zlib
 
@@ -161,3 +163,69 @@ def spawns_a_subprocess(message):
     subprocess.Popen(["sh", "-c", f'read pid rest < /proc/self/stat; echo $pid > "{directory}/child.pid.tmp"; '
                       f'mv "{directory}/child.pid.tmp" "{directory}/child.pid"; exec sleep 2'])
     time.sleep(300)
+
+
+# -- async handlers and handler shapes (tests/streams_app/consuming/test_async_processes.py) -----
+
+async def abehave(message):
+    """``behave`` as an async def: the Redis writes go to a thread, the sleep is an await."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    await asyncio.to_thread(record, "started", message)
+    if payload.get("sleep"):
+        await asyncio.sleep(payload["sleep"])
+    if payload.get("fail"):
+        raise RuntimeError(f"asked to fail: {payload.get('fail')}")
+    await asyncio.to_thread(record, "handled", message)
+
+
+consumer("ajobs", group="a", max_deliveries=3, retry_backoff=0.05)(abehave)
+consumer("aidem", group="r", idempotent="redis", retry_backoff=0.05)(abehave)
+
+
+@consumer("aorm", group="g")
+async def async_orm_effect(message):
+    """One Effect row through Django's async ORM; the ack must come after the row exists."""
+    from tests.testapp.models import Effect
+
+    await asyncio.to_thread(record, "started", message)
+    if message.payload.get("sleep"):
+        await asyncio.sleep(message.payload["sleep"])
+    await Effect.objects.acreate(name=message.payload["name"], entry_id=message.id)
+    await asyncio.to_thread(record, "handled", message)
+
+
+def _returns_a_coroutine(message):
+    """A sync wrapper around an async def: calling it runs nothing (the coroutine is never awaited)."""
+    return abehave(message)
+
+
+consumer("coro", group="g", max_deliveries=2, retry_backoff=0.05)(_returns_a_coroutine)
+
+
+class BadStr(Exception):
+    """An exception that formats an attribute it does not have: its __str__ raises."""
+
+    def __str__(self):
+        return f"order {self.order_id} failed"
+
+
+def _raise_what_is_asked(message):
+    record("started", message)
+    kind = message.payload.get("raise")
+    if kind == "SystemExit":
+        sys.exit(4)
+    if kind == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if kind == "GeneratorExit":
+        raise GeneratorExit
+    if kind == "BadStr":
+        raise BadStr()
+    record("handled", message)
+
+
+consumer("raises", group="g", max_deliveries=2, retry_backoff=0.05)(_raise_what_is_asked)
+
+
+@consumer("araises", group="g", max_deliveries=2, retry_backoff=0.05)
+async def async_raise_what_is_asked(message):
+    _raise_what_is_asked(message)

@@ -16,6 +16,11 @@ from streams_app.consuming.worker import EXIT_CONFIG, Worker
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
 
 
+def config_error(message):
+    """Options that contradict each other or the settings: exit 3, as the README's table says."""
+    return CommandError(message, returncode=EXIT_CONFIG)
+
+
 class Command(BaseCommand):
     help = (
         "Run the registered stream consumers (all, or the STREAM:GROUP pairs named). Without --workers or "
@@ -27,6 +32,9 @@ class Command(BaseCommand):
         parser.add_argument("selectors", nargs="*", metavar="STREAM:GROUP",
                             help="Consumers to run, e.g. orders:email. Splits at the last ':'. Default: all registered.")
         parser.add_argument("--threads", type=positive_int, help="Handler threads per process (default STREAMS['THREADS']).")
+        parser.add_argument("--concurrency", type=positive_int,
+                            help="The most async def handlers awaited at once per process, on its event loop "
+                                 "(default STREAMS['ASYNC_CONCURRENCY']).")
         parser.add_argument("--batch", type=positive_int, help="Entries per read (default STREAMS['BATCH_SIZE']).")
         parser.add_argument("--block-ms", type=positive_int, help="How long an idle read blocks, in ms (default STREAMS['BLOCK_MS']).")
         parser.add_argument("--shutdown-timeout", type=float,
@@ -70,12 +78,12 @@ class Command(BaseCommand):
         level = log_level(verbosity)
         logging.getLogger("streams_app").setLevel(level)
         if options["shutdown_timeout"] is not None and options["shutdown_timeout"] < 0:
-            raise CommandError("--shutdown-timeout must be 0 or more seconds.")
+            raise config_error("--shutdown-timeout must be 0 or more seconds.")
         pooled = self.validate_pool_options(options)
         try:
             specs = select(selectors)
         except ConsumerConfigError as exc:
-            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+            raise config_error(str(exc)) from None
         if pooled:
             return self.run_supervisor(selectors, specs, level, options)
         return self.run_in_process(specs, options)
@@ -83,27 +91,27 @@ class Command(BaseCommand):
     def validate_pool_options(self, options):
         workers, low, high = options["workers"], options["min_workers"], options["max_workers"]
         if workers is not None and (low is not None or high is not None):
-            raise CommandError("Give either --workers N (a fixed pool) or --min-workers/--max-workers (autoscaling), not both.")
+            raise config_error("Give either --workers N (a fixed pool) or --min-workers/--max-workers (autoscaling), not both.")
         if low is not None and high is None:
-            raise CommandError("--min-workers needs --max-workers: autoscaling keeps the count between the two.")
+            raise config_error("--min-workers needs --max-workers: autoscaling keeps the count between the two.")
         if low is not None and low > high:
-            raise CommandError(f"--min-workers ({low}) is above --max-workers ({high}).")
+            raise config_error(f"--min-workers ({low}) is above --max-workers ({high}).")
         autoscaling = high is not None
         if options["target_lag"] is not None and not autoscaling:
-            raise CommandError("--target-lag only applies with --min-workers/--max-workers (autoscaling).")
+            raise config_error("--target-lag only applies with --min-workers/--max-workers (autoscaling).")
         pooled = autoscaling or workers is not None
         if not pooled:
             given = [name for name in (*_POOL_ONLY, "scale_interval") if options[name] is not None]
             if given:
                 flags = ", ".join("--" + name.replace("_", "-") for name in given)
-                raise CommandError(f"{flags} need a supervisor: add --workers N or --min-workers/--max-workers.")
+                raise config_error(f"{flags} need a supervisor: add --workers N or --min-workers/--max-workers.")
         elif options["scale_interval"] is not None and not autoscaling and options["metrics_port"] is None:
-            raise CommandError("--scale-interval applies to autoscaling or --metrics-port (lag readings).")
+            raise config_error("--scale-interval applies to autoscaling or --metrics-port (lag readings).")
         config = get_settings()
         interval = options["heartbeat_interval"] or config["HEARTBEAT_INTERVAL"]
         timeout = options["heartbeat_timeout"] or config["HEARTBEAT_TIMEOUT"]
         if pooled and timeout <= interval:
-            raise CommandError(f"--heartbeat-timeout ({timeout}s) must be above --heartbeat-interval ({interval}s).")
+            raise config_error(f"--heartbeat-timeout ({timeout}s) must be above --heartbeat-interval ({interval}s).")
         return pooled
 
     def run_in_process(self, specs, options):
@@ -115,7 +123,7 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
-                        shutdown_timeout=options["shutdown_timeout"])
+                        shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"])
         try:
             code = worker.run()
         except StreamsError as exc:

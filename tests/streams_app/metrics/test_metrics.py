@@ -40,9 +40,9 @@ def test_run_chunk_counts_handled_failed_and_poison_and_times_every_entry():
     }
     chunk = [message(1, {}), message(2, {"fail": 1}), message(3, "{not json"), message(4, {})]
 
-    acked, failed, _, _ = run_chunk(failing_on_request, chunk)
+    result = run_chunk(failing_on_request, chunk)
 
-    assert acked == ["1-1", "1-4"] and len(failed) == 2
+    assert result.acked == ["1-1", "1-4"] and len(result.failed) == 2
     assert value("shoal_messages_handled_total", **labels) - before["handled"] == 2
     assert value("shoal_messages_failed_total", reason="error", **labels) - before["error"] == 1
     assert value("shoal_messages_failed_total", reason="poison", **labels) - before["poison"] == 1

@@ -1,0 +1,228 @@
+"""``async def`` handlers and handler shapes with real ``manage.py runconsumer`` processes.
+
+An async handler has the guarantees of a sync one: acked only after it returns, retried and
+dead-lettered when it raises, drained on SIGTERM, taken over after SIGKILL. Whatever a handler
+raises (SystemExit and friends included) obeys max_deliveries without stopping the worker, and a
+handler shape whose call runs nothing is refused or fails its entry, never acked.
+"""
+import json
+import signal
+import sqlite3
+import textwrap
+import os
+from collections import Counter
+
+import pytest
+
+from tests.streams_app.consuming.test_failure_processes import database_url, run_command  # noqa: F401 (fixtures)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+FAST = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
+
+
+def publish_raw(client, stream, payloads):
+    pipe = client.pipeline(transaction=False)
+    for payload in payloads:
+        pipe.xadd(stream, {"payload": json.dumps(payload)})
+    return pipe.execute()
+
+
+def listed(client, kind, stream, group):
+    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
+
+
+def pending_ids(client, stream, group):
+    return {row["message_id"] for row in client.xpending_range(stream, group, "-", "+", 1000)}
+
+
+def test_async_handler_writes_through_the_async_orm_once_per_message_and_is_acked_after(redis, run_command,
+                                                                                         database_url):
+    _, path = database_url
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM testapp_effect")
+    slow = publish_raw(redis, "aorm", [{"name": "slow", "sleep": 2.0}])[0]
+    proc = run_command("runconsumer", "aorm:g", "--concurrency", "20", streams=FAST)
+    wait_for(lambda: listed(redis, "started", "aorm", "g") == [slow], timeout=60, what="the slow handler started")
+    # Mid-await: the entry is delivered, unacked, and its effect not yet written.
+    assert pending_ids(redis, "aorm", "g") == {slow}
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM testapp_effect").fetchone() == (0,)
+    ids = publish_raw(redis, "aorm", [{"name": f"n{n}"} for n in range(200)])
+    wait_for(lambda: len(listed(redis, "handled", "aorm", "g")) == 201 and not pending_ids(redis, "aorm", "g"),
+             timeout=60, what="201 handled and acked")
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT entry_id FROM testapp_effect").fetchall()
+    assert sorted(r[0] for r in rows) == sorted([slow, *ids])  # every effect, exactly once
+    assert Counter(listed(redis, "started", "aorm", "g")) == Counter([slow, *ids])
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "200 concurrent" not in proc.output()  # the flag was taken: 20, not the default
+    assert "20 concurrent async handlers" in proc.output()
+
+
+def test_async_handler_that_raises_is_retried_then_dead_lettered(redis, run_consumer):
+    [bad] = publish_raw(redis, "ajobs", [{"fail": "always"}])
+    good = publish_raw(redis, "ajobs", [{"n": n} for n in range(20)])
+    proc = run_consumer("ajobs:a")
+    wait_for(lambda: redis.xlen("{ajobs}:dlq") == 1, timeout=60, what="the failing entry dead-lettered")
+    [(_, fields)] = redis.xrange("{ajobs}:dlq")
+    assert fields["origin_id"] == bad and fields["deliveries"] == "3"  # max_deliveries=3
+    assert "RuntimeError: asked to fail: always" in fields["error"]
+    assert "async def abehave" in fields["traceback"] or "abehave" in fields["traceback"]
+    assert listed(redis, "started", "ajobs", "a").count(bad) == 3
+    wait_for(lambda: not pending_ids(redis, "ajobs", "a"), timeout=30, what="nothing pending")
+    assert sorted(listed(redis, "handled", "ajobs", "a")) == sorted(good)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_sigterm_awaits_in_flight_coroutines_and_reads_nothing_more(redis, run_consumer):
+    ids = publish_raw(redis, "ajobs", [{"n": n, "sleep": 1.5} for n in range(30)])
+    proc = run_consumer("ajobs:a", "--concurrency", "50", "--block-ms", "5000")
+    wait_for(lambda: len(listed(redis, "started", "ajobs", "a")) == 30, timeout=60, what="30 coroutines started")
+    proc.signal(signal.SIGTERM)
+    proc.wait_for_output("SIGTERM received")
+    late = publish_raw(redis, "ajobs", [{"n": n} for n in range(3)])
+    assert proc.wait(30) == 0, proc.output()
+    assert sorted(listed(redis, "handled", "ajobs", "a")) == sorted(ids)
+    assert not pending_ids(redis, "ajobs", "a")
+    [group] = redis.xinfo_groups("ajobs")
+    assert group["last-delivered-id"] == ids[-1] and group["lag"] == len(late)
+
+
+def test_coroutines_still_running_at_the_shutdown_timeout_are_cancelled_and_stay_pending(redis, run_consumer):
+    ids = publish_raw(redis, "ajobs", [{"n": n, "sleep": 600} for n in range(5)])
+    proc = run_consumer("ajobs:a", "--shutdown-timeout", "1")
+    wait_for(lambda: len(listed(redis, "started", "ajobs", "a")) == 5, timeout=60, what="5 coroutines started")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "cancelling 5 async handler tasks" in proc.output()
+    assert pending_ids(redis, "ajobs", "a") == set(ids)  # not acked, ready for takeover
+    assert listed(redis, "handled", "ajobs", "a") == []
+
+
+def test_sigkill_mid_coroutine_is_taken_over_by_another_consumer(redis, run_consumer):
+    ids = publish_raw(redis, "ajobs", [{"n": n, "sleep": 0.05} for n in range(400)])
+    first = run_consumer("ajobs:a", "--concurrency", "10", streams=FAST)
+    wait_for(lambda: len(listed(redis, "handled", "ajobs", "a")) >= 30, timeout=60, what="first consumer under way")
+    first.kill()
+    assert pending_ids(redis, "ajobs", "a"), "the killed consumer held no unacked entries"
+    run_consumer("ajobs:a", "--concurrency", "50", streams=FAST)
+    wait_for(lambda: set(listed(redis, "handled", "ajobs", "a")) == set(ids) and not pending_ids(redis, "ajobs", "a"),
+             timeout=90, what="every entry handled and acked after takeover")
+
+
+def test_async_handler_with_the_redis_guard_runs_a_key_once(redis, run_consumer):
+    pipe = redis.pipeline(transaction=False)
+    for n in range(40):
+        pipe.xadd("aidem", {"payload": json.dumps({"n": n}), "key": f"k{n % 10}"})
+    pipe.execute()
+    proc = run_consumer("aidem:r", "--concurrency", "20")
+    proc.wait_for_output("started (")
+    wait_for(lambda: not pending_ids(redis, "aidem", "r") and redis.xinfo_groups("aidem")[0]["lag"] == 0,
+             timeout=60, what="all 40 acked")
+    handled = listed(redis, "handled", "aidem", "r")
+    assert len(handled) == 10  # one per key; the 30 duplicates acked without running
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_sync_handler_returning_a_coroutine_fails_its_entry_and_is_dead_lettered(redis, run_consumer):
+    [entry] = publish_raw(redis, "coro", [{"n": 1}])
+    proc = run_consumer("coro:g")
+    wait_for(lambda: redis.xlen("{coro}:dlq") == 1, timeout=60, what="the entry dead-lettered")
+    [(_, fields)] = redis.xrange("{coro}:dlq")
+    assert fields["origin_id"] == entry and fields["deliveries"] == "2"
+    assert "HandlerShapeError" in fields["error"] and "returned an awaitable" in fields["error"]
+    assert listed(redis, "started", "coro", "g") == []  # the coroutine's body never ran
+    assert "was never awaited" not in proc.output()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+@pytest.mark.parametrize("stream", ["raises", "araises"])
+def test_system_exit_keyboard_interrupt_and_generator_exit_obey_max_deliveries(redis, run_consumer, stream):
+    """sync and async handlers alike: each is dead-lettered after 2 deliveries, the worker consumes on."""
+    bad = publish_raw(redis, stream, [{"raise": kind} for kind in ("SystemExit", "KeyboardInterrupt", "GeneratorExit")])
+    proc = run_consumer(f"{stream}:g", "jobs:a")
+    wait_for(lambda: redis.xlen(f"{{{stream}}}:dlq") == 3, timeout=60, what="3 entries dead-lettered")
+    letters = {f["origin_id"]: f for _, f in redis.xrange(f"{{{stream}}}:dlq")}
+    assert set(letters) == set(bad)
+    assert {f["deliveries"] for f in letters.values()} == {"2"}
+    assert sorted(f["error"].split(":")[0] for f in letters.values()) == ["GeneratorExit", "KeyboardInterrupt",
+                                                                          "SystemExit"]
+    assert Counter(listed(redis, "started", stream, "g")) == {entry: 2 for entry in bad}  # never a third time
+    # Still consuming, both groups.
+    more = publish_raw(redis, stream, [{"n": 1}])
+    jobs = publish_raw(redis, "jobs", [{"n": n} for n in range(5)])
+    wait_for(lambda: listed(redis, "handled", stream, "g") == more and sorted(listed(redis, "handled", "jobs", "a")) == sorted(jobs),
+             timeout=30, what="later entries handled")
+    assert proc.proc.poll() is None
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_exception_whose_str_raises_is_dead_lettered_and_its_neighbours_acked(redis, run_consumer):
+    payloads = [{"n": n} for n in range(10)]
+    payloads.insert(5, {"raise": "BadStr"})
+    ids = publish_raw(redis, "raises", payloads)
+    bad = ids[5]
+    proc = run_consumer("raises:g")
+    wait_for(lambda: redis.xlen("{raises}:dlq") == 1, timeout=60, what="the entry dead-lettered")
+    [(_, fields)] = redis.xrange("{raises}:dlq")
+    assert fields["origin_id"] == bad and fields["deliveries"] == "2"
+    assert fields["error"].startswith("BadStr (str() failed): BadStr()")
+    wait_for(lambda: not pending_ids(redis, "raises", "g"), timeout=30, what="the neighbours acked")
+    assert sorted(listed(redis, "handled", "raises", "g")) == sorted(i for i in ids if i != bad)
+    assert proc.proc.poll() is None, proc.output()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "read loop" not in proc.output()  # it never crashed
+
+
+# -- handler shapes refused at start-up ---------------------------------------------------------
+
+@pytest.fixture
+def shape_app(tmp_path):
+    """Writes an installed app whose consumers.py declares the handler given."""
+    package = tmp_path / "shapeapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+
+    def write(source):
+        (package / "consumers.py").write_text(textwrap.dedent(source))
+        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+                "SHOAL_TEST_APPS": json.dumps(["shapeapp"]), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    return write
+
+
+@pytest.mark.parametrize("pool", [[], ["--workers", "1"]])
+def test_a_generator_handler_is_refused_at_start_up(redis, run_consumer, shape_app, pool):
+    env = shape_app("""\
+        from streams_app import consumer
+
+        @consumer("shapes", group="g")
+        def handle(message):
+            yield message.payload
+    """)
+    redis.xadd("shapes", {"payload": "{}"})
+    proc = run_consumer("shapes:g", *pool, env=env)
+    assert proc.wait(60) == 3, proc.output()
+    assert "shapeapp.consumers.handle is a generator function" in proc.output()
+    assert redis.xinfo_stream("shapes")["groups"] == 0  # nothing read, nothing acked
+
+
+def test_an_unknown_consumer_option_is_refused_at_start_up_naming_the_closest(redis, run_consumer, shape_app):
+    env = shape_app("""\
+        from streams_app import consumer
+
+        @consumer("shapes", group="g", max_delivery=1)
+        def handle(message):
+            pass
+    """)
+    proc = run_consumer("shapes:g", env=env)
+    assert proc.wait(60) == 3, proc.output()
+    assert "unknown option max_delivery=1; did you mean max_deliveries?" in proc.output()
