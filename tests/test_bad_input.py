@@ -264,3 +264,20 @@ def test_every_admin_url_with_a_malformed_or_unknown_id_is_a_404(client, db, red
                     wrong.append(f"{method.upper()} {url}: {response.status_code}")
     assert not wrong, "\n".join(wrong)
     assert snapshot(redis) == {}
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--workers", "2", "--min-workers", "1", "--max-workers", "3"], "not both"),
+    (["--workers", "2", "--max-workers", "3"], "not both"),
+    (["--min-workers", "1"], "--min-workers needs --max-workers"),
+    (["--min-workers", "4", "--max-workers", "2"], r"--min-workers \(4\) is above --max-workers \(2\)"),
+    (["--target-lag", "10"], "--target-lag only applies with --min-workers/--max-workers"),
+    (["--workers", "2", "--target-lag", "10"], "--target-lag only applies"),
+    (["--heartbeat-timeout", "5"], "need a supervisor"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be 0 or more"),
+])
+def test_runconsumer_contradictory_flags_are_configuration_errors(redis, flags, error):
+    with pytest.raises(CommandError, match=error) as raised:
+        call_command("runconsumer", "jobs:a", *flags)
+    assert raised.value.returncode == 3  # EXIT_CONFIG, as the README's exit-code table says
+    assert snapshot(redis) == {}

@@ -1,4 +1,5 @@
 """A handler that records publish-to-start latency. The payload carries ``t``, the publisher's time.time()."""
+import asyncio
 import threading
 import time
 
@@ -37,3 +38,15 @@ def slow_first_time(message):
     if message.deliveries == 1:
         time.sleep(600)
     get_connection().rpush(f"handled:{message.stream}:{message.group}", message.id)
+
+
+# bench/io_wait.py: handlers that wait 1 ms on I/O, as a call to another service would.
+
+@consumer("iowait", group="sync")
+def wait_sync(message):
+    time.sleep(0.001)
+
+
+@consumer("iowait", group="async")
+async def wait_async(message):
+    await asyncio.sleep(0.001)

@@ -40,7 +40,7 @@ class EventLoopRunner:
         while not self._stopping:
             try:
                 self.loop.run_forever()
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 # A task the handler created itself (not awaited by Shoal's chunk) raised
                 # SystemExit/KeyboardInterrupt, which asyncio re-raises out of the loop. The chunk
                 # that awaits the handler caught its own; keep the loop serving the others.

@@ -1,4 +1,7 @@
+import functools
+
 import pytest
+from asgiref.sync import markcoroutinefunction
 
 from streams_app import consumer
 from streams_app.exceptions import ConsumerConfigError
@@ -60,3 +63,72 @@ def test_second_handler_for_one_group_is_refused(clean_registry):
 def test_bad_declarations(kwargs, message):
     with pytest.raises(ConsumerConfigError, match=message):
         consumer("s", **kwargs)
+
+
+# -- handler shapes and options (issue 20, 22, 11) ---------------------------------------------------
+
+def _generator(message):
+    yield message
+
+
+async def _async_generator(message):
+    yield message
+
+
+async def _async_handler(message):
+    pass
+
+
+class _AsyncCallable:
+    async def __call__(self, message):
+        pass
+
+
+class _GeneratorCallable:
+    def __call__(self, message):
+        yield message
+
+
+@pytest.mark.parametrize("handler, error", [
+    (_generator, r"_generator is a generator function \(it contains yield\): calling it runs nothing"),
+    (functools.partial(_generator), "is a generator function"),
+    (_GeneratorCallable(), "is a generator function"),
+    (_async_generator, r"is an async generator function \(async def with yield\)"),
+    ("not a function", "@consumer decorates a callable taking the message, not str 'not a function'"),
+    (None, "not NoneType None"),
+])
+def test_handlers_whose_call_runs_nothing_are_refused_at_declaration(clean_registry, handler, error):
+    with pytest.raises(ConsumerConfigError, match=error):
+        consumer("shapes", group="g")(handler)
+    assert ("shapes", "g") not in _registry
+
+
+@pytest.mark.parametrize("handler", [_async_handler, functools.partial(_async_handler), _AsyncCallable(),
+                                     markcoroutinefunction(lambda message: _async_handler(message))])
+def test_async_handlers_of_every_shape_are_declared_async(clean_registry, handler):
+    consumer("shapes", group="g")(handler)
+    assert _registry[("shapes", "g")].is_async
+
+
+def test_sync_handlers_are_declared_sync():
+    assert not select(["jobs:a"])[0].is_async and select(["ajobs:a"])[0].is_async
+
+
+def test_async_handler_with_the_db_guard_is_refused_saying_why_and_what_to_do(clean_registry):
+    with pytest.raises(ConsumerConfigError, match=r"idempotent='db' cannot guard an async handler.*"
+                                                  r"Django's transactions do not work in async code.*"
+                                                  r"Use a sync handler \(def\) with idempotent='db', or "
+                                                  r"idempotent='redis'"):
+        consumer("shapes", group="g", idempotent="db")(_async_handler)
+
+
+@pytest.mark.parametrize("option, hint", [
+    ("max_delivery", "; did you mean max_deliveries?"),
+    ("idempotency", "; did you mean idempotent?"),
+    ("retry_back_off", "; did you mean retry_backoff?"),
+    ("colour", "."),
+])
+def test_unknown_options_are_refused_naming_the_closest_valid_one(option, hint):
+    with pytest.raises(ConsumerConfigError) as raised:
+        consumer("s", group="g", **{option: 1})
+    assert str(raised.value).startswith(f"@consumer got an unknown option {option}=1{hint} Valid options: group, ")

@@ -6,10 +6,10 @@ raises (SystemExit and friends included) obeys max_deliveries without stopping t
 handler shape whose call runs nothing is refused or fails its entry, never acked.
 """
 import json
+import os
 import signal
 import sqlite3
 import textwrap
-import os
 from collections import Counter
 
 import pytest
@@ -37,8 +37,8 @@ def pending_ids(client, stream, group):
     return {row["message_id"] for row in client.xpending_range(stream, group, "-", "+", 1000)}
 
 
-def test_async_handler_writes_through_the_async_orm_once_per_message_and_is_acked_after(redis, run_command,
-                                                                                         database_url):
+def test_async_handler_writes_through_the_async_orm_once_per_message_and_is_acked_after(
+        redis, run_command, database_url):  # noqa: F811 (fixtures imported above)
     _, path = database_url
     with sqlite3.connect(path) as db:
         db.execute("DELETE FROM testapp_effect")
@@ -226,3 +226,16 @@ def test_an_unknown_consumer_option_is_refused_at_start_up_naming_the_closest(re
     proc = run_consumer("shapes:g", env=env)
     assert proc.wait(60) == 3, proc.output()
     assert "unknown option max_delivery=1; did you mean max_deliveries?" in proc.output()
+
+
+def test_async_handlers_under_a_supervisor_are_handled_once_and_drained_on_sigterm(redis, run_consumer):
+    ids = publish_raw(redis, "ajobs", [{"n": n, "sleep": 0.2} for n in range(300)])
+    master = run_consumer("ajobs:a", "--workers", "2", "--concurrency", "30", streams=FAST)
+    wait_for(lambda: len(listed(redis, "handled", "ajobs", "a")) >= 100, timeout=60, what="the workers under way")
+    master.signal(signal.SIGTERM)
+    assert master.wait(60) == 0, master.output()
+    handled = listed(redis, "handled", "ajobs", "a")
+    assert max(Counter(handled).values()) == 1  # each at most once, none twice
+    assert set(handled) | pending_ids(redis, "ajobs", "a") <= set(ids)
+    assert not pending_ids(redis, "ajobs", "a")  # the workers finished what they had started
+    assert "30 concurrent async handlers" in master.output()
