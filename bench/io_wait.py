@@ -1,11 +1,11 @@
-"""Handlers that wait 1 ms on I/O: sync ones on handler threads against async ones on the event loop.
+"""Handlers that wait on I/O (1 ms by default): sync ones on handler threads, async ones on the event loop.
 
-    .venv/bin/python bench/io_wait.py [--messages 20000]
+    .venv/bin/python bench/io_wait.py [--messages 20000] [--wait-ms 1]
 
 Publishes N messages once; each run is a fresh group of one ``runconsumer`` process reading all N,
 timed from outside from the first entry read to the last one acked (bench/common.py). A sync handler
-doing ``time.sleep(0.001)`` is bounded by its threads (at best threads/1 ms); an ``async def`` doing
-``await asyncio.sleep(0.001)`` by ``--concurrency`` and by the cost of one coroutine per message.
+doing ``time.sleep(wait)`` is bounded by its threads (at best threads/wait); an ``async def`` doing
+``await asyncio.sleep(wait)`` by ``--concurrency`` and by the cost of one coroutine per message.
 """
 import argparse
 import signal
@@ -23,6 +23,7 @@ RUNS = [
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--wait-ms", type=float, default=1.0, help="how long each handler waits on I/O")
     args = parser.parse_args()
     server = start_redis()
     try:
@@ -30,13 +31,15 @@ def main():
         from streams_app import publish_many
 
         client = server.client()
+        wait = args.wait_ms / 1000
         for start in range(0, args.messages, 10_000):
-            publish_many("iowait", [{"n": n} for n in range(start, min(args.messages, start + 10_000))])
-        print(f"published {args.messages} messages to a private redis-server on port {server.port}")
+            publish_many("iowait", [{"n": n, "wait": wait} for n in range(start, min(args.messages, start + 10_000))])
+        print(f"published {args.messages} messages (handlers wait {args.wait_ms:g} ms) to a private redis-server "
+              f"on port {server.port}")
         for group, options, label in RUNS:
             try:
                 client.xgroup_destroy("iowait", group)  # the same entries again, for a fresh group
-            except Exception:
+            except Exception:  # noqa: S110 -- no such group yet
                 pass
             proc = manage("runconsumer", f"iowait:{group}", "-v", "0", *options, redis_url=server.url,
                           env={"DJANGO_SETTINGS_MODULE": "bench.settings"})

@@ -40,13 +40,13 @@ def slow_first_time(message):
     get_connection().rpush(f"handled:{message.stream}:{message.group}", message.id)
 
 
-# bench/io_wait.py: handlers that wait 1 ms on I/O, as a call to another service would.
+# bench/io_wait.py: handlers that wait on I/O (payload "wait" seconds), as a call to another service would.
 
 @consumer("iowait", group="sync")
 def wait_sync(message):
-    time.sleep(0.001)
+    time.sleep(message.payload["wait"])
 
 
 @consumer("iowait", group="async")
 async def wait_async(message):
-    await asyncio.sleep(0.001)
+    await asyncio.sleep(message.payload["wait"])

@@ -302,9 +302,14 @@ class GroupLoop:
 
     def _submit(self, messages):
         size = self.chunk_size
-        for start in range(0, len(messages), size):
-            chunk = messages[start : start + size]
-            future = self.executor.submit(self.run_chunk, self.spec.handler, chunk, self.guard, self.chunk_budget)
+        chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
+        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
+        submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
+        if submit_many is not None:
+            futures = submit_many(self.run_chunk, argsets)
+        else:
+            futures = [self.executor.submit(self.run_chunk, *args) for args in argsets]
+        for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
 

@@ -74,3 +74,22 @@ def test_a_system_exit_from_a_task_the_handler_spawned_does_not_stop_the_loop():
     assert runner.submit(later).result(timeout=30) == "still serving"
     assert runner.thread.is_alive()
     runner.shutdown()
+
+
+def test_submit_many_settles_each_future_with_its_result_error_or_cancel():
+    runner = EventLoopRunner(10)
+
+    async def work(n):
+        if n == 1:
+            raise SystemExit(1)  # a BaseException travels to the read loop like any result
+        if n == 2:
+            await asyncio.sleep(600)
+        return n
+
+    futures = runner.submit_many(work, [(0,), (1,), (2,)])
+    assert futures[0].result(timeout=30) == 0
+    wait_for(lambda: futures[1].done(), what="the failing one done")
+    assert isinstance(futures[1].exception(), SystemExit)
+    assert runner.shutdown(grace=1) == 0
+    wait_for(lambda: futures[2].done(), what="the cancelled one done")
+    assert futures[2].cancelled()
