@@ -233,3 +233,15 @@ def test_async_handlers_under_a_supervisor_are_handled_once_and_drained_on_sigte
     assert set(handled) | pending_ids(redis, "ajobs", "a") <= set(ids)
     assert not pending_ids(redis, "ajobs", "a")  # the workers finished what they had started
     assert "30 concurrent async handlers" in master.output()
+
+
+def test_a_worker_whose_coroutines_are_all_stuck_is_replaced_when_its_heartbeat_goes_stale(redis, run_consumer):
+    """The liveness rule of sync handlers: no handler progress for the heartbeat timeout -> replaced."""
+    [entry] = publish_raw(redis, "ajobs", [{"sleep": 3600}])
+    master = run_consumer("ajobs:a", "--workers", "1", "--heartbeat-interval", "0.2", "--heartbeat-timeout", "3")
+    wait_for(lambda: listed(redis, "started", "ajobs", "a") == [entry], timeout=60, what="the coroutine stuck")
+    master.wait_for_output("no heartbeat for", timeout=30)
+    wait_for(lambda: master.output().count("spawned worker") == 2, timeout=30, what="a replacement")
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+    assert pending_ids(redis, "ajobs", "a") == {entry}  # never acked: it is taken over, not lost

@@ -86,3 +86,27 @@ def test_describing_an_exception_never_raises():
     assert exception_text(ValueError("x")) == "ValueError: x"
     assert exception_text(BadStr()) == "BadStr (str() failed): BadStr()"
     assert exception_text(BadBoth()) == "BadBoth (str() and repr() failed)"
+
+
+def test_async_chunks_count_and_time_their_messages_like_sync_ones():
+    from prometheus_client import REGISTRY
+
+    labels = {"stream": "chunks-test", "group": "g"}
+
+    def value(name, **extra):
+        return REGISTRY.get_sample_value(name, {**labels, **extra}) or 0.0
+
+    before = (value("shoal_messages_handled_total"), value("shoal_messages_failed_total", reason="error"),
+              value("shoal_handler_duration_seconds_count"), value("shoal_handler_duration_seconds_sum"))
+
+    async def handler(message):
+        await asyncio.sleep(0.02)
+        if message.payload.get("fail"):
+            raise ValueError("asked to")
+
+    asyncio.run(run_chunk_async(handler, [message(1), message(2, {"fail": 1})]))
+    after = (value("shoal_messages_handled_total"), value("shoal_messages_failed_total", reason="error"),
+             value("shoal_handler_duration_seconds_count"), value("shoal_handler_duration_seconds_sum"))
+    assert [a - b for a, b in zip(after[:3], before[:3])] == [1, 1, 2]
+    assert after[3] - before[3] >= 0.04  # the awaits are handler time
+    assert value("shoal_messages_in_flight") == 0
