@@ -44,8 +44,8 @@ def main():
         execute_from_command_line(sys.argv)
     except ConsumerConfigError as exc:
         # Django imports every consumers.py at start-up; an invalid @consumer there (a generator
-        # handler, an unknown option) is a configuration error: exit 3 with the reason, as the README's
-        # exit-code table says, so a service manager does not restart it in a loop.
+        # handler, an unknown option) is a configuration error: exit 3 with the reason (the exit-code
+        # table of docs/operations.md), so a service manager does not restart it in a loop.
         sys.stderr.write(f"Configuration error in a @consumer declaration: {exc}\n")
         sys.exit(3)
 

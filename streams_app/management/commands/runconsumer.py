@@ -17,7 +17,7 @@ _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
 
 
 def config_error(message):
-    """Options that contradict each other or the settings: exit 3, as the README's table says."""
+    """Options that contradict each other or the settings: exit 3 (docs/operations.md, exit codes)."""
     return CommandError(message, returncode=EXIT_CONFIG)
 
 
