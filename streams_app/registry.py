@@ -90,7 +90,7 @@ def _call_target(handler):
         return handler
     if isinstance(handler, type):
         return handler  # a class: calling it makes an instance, which is what runs
-    return getattr(type(handler), "__call__", handler)
+    return type(handler).__call__  # an object with __call__ (callable() was checked first)
 
 
 def handler_kind(handler):
