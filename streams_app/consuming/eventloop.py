@@ -24,16 +24,16 @@ CANCEL_GRACE = 2.0
 
 
 class EventLoopRunner:
-    def __init__(self, concurrency, *, wall=time.time):
+    def __init__(self, concurrency, *, clock=time.monotonic):
         self.concurrency = concurrency
         self.loop = asyncio.new_event_loop()
         self.limit = asyncio.Semaphore(concurrency)
-        self._wall = wall
+        self._clock = clock  # the heartbeat's clock (supervisor.heartbeat): monotonic, never the wall
         self._stopping = False
         # Progress, for the supervisor's heartbeat (as ProgressExecutor for threads). Written only
         # in the loop's thread; the heartbeat reads two ints, which needs no lock.
         self.running = 0
-        self.last_activity = wall()
+        self.last_activity = clock()
         self.thread = threading.Thread(target=self._run, name="shoal-asyncio", daemon=True)
         self.thread.start()
 
@@ -78,7 +78,7 @@ class EventLoopRunner:
 
     def _mark(self, delta):
         self.running += delta
-        self.last_activity = self._wall()
+        self.last_activity = self._clock()
 
     def progress_stamp(self, now):
         """``now`` while idle; else when a chunk last started or finished (see supervisor.heartbeat)."""

@@ -8,7 +8,7 @@ from tests.waiting import wait_for
 
 def test_concurrency_is_bounded_and_progress_is_visible_to_the_heartbeat():
     clock = iter(range(1000)).__next__
-    runner = EventLoopRunner(2, wall=lambda: float(clock()))
+    runner = EventLoopRunner(2, clock=lambda: float(clock()))
     release = threading.Event()
     running = []
 
