@@ -18,11 +18,14 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from shoal_common.logsummary import RepeatSummary
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
 from streams_app.exceptions import HandlerShapeError, PayloadDecodeError
 from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")
+# Per stream, group and error type: the first failures of each interval, then a count.
+failure_log = RepeatSummary(logger)
 
 
 class Chunk:
@@ -90,7 +93,10 @@ class Chunk:
         self.result.acked.append(message.id)
 
     def failed(self, message, exc):
-        logger.warning(
+        kind = type(exc).__name__
+        failure_log.log(
+            logging.WARNING, (message.stream, message.group, kind),
+            f"handler failures ({kind}) on {message.stream} (group {message.group})",
             "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s",
             message.consumer, message.id, message.stream, message.group, message.deliveries,
             exception_text(exc), exc_info=logger.isEnabledFor(logging.DEBUG),

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from shoal_common import early_signals, logformat
 from streams_app import broadcast
 
-from streams_app.consuming import liveness
+from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
@@ -104,6 +104,7 @@ class Worker:
             self.stuck += self.event_loop.shutdown()
         self.forget_liveness()
         broadcast.stop_listener()
+        chunks.failure_log.flush()
         logger.info("Consumer %s: stopped (%d entries handled)", self.name, sum(loop.handled for loop in self.loops))
         return self.exit_code
 
