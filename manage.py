@@ -38,6 +38,8 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 
+    from django.core.exceptions import ImproperlyConfigured
+
     from streams_app.exceptions import ConsumerConfigError
 
     try:
@@ -47,6 +49,11 @@ def main():
         # handler, an unknown option) is a configuration error: exit 3 with the reason (the exit-code
         # table of docs/operations.md), so a service manager does not restart it in a loop.
         sys.stderr.write(f"Configuration error in a @consumer declaration: {exc}\n")
+        sys.exit(3)
+    except ImproperlyConfigured as exc:
+        # A bad setting (SECRET_KEY unset, LOG_FORMAT=xml, ...) is found while the settings load, before
+        # any command runs: say what it is, without a traceback, and exit 3 like other configuration errors.
+        sys.stderr.write(f"Configuration error: {exc}\n")
         sys.exit(3)
 
 

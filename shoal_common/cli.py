@@ -26,6 +26,14 @@ def positive_int(text):
     return value
 
 
+@_named("port number (1-65535)")
+def port(text):
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(text)
+    return value
+
+
 @_named("positive number")
 def positive_float(text):
     value = float(text)

@@ -5,10 +5,14 @@ TERM would either kill it without a drain or, as PID 1 of a container (where the
 signals that have no handler), be dropped: Kubernetes then waits the whole grace period and SIGKILLs.
 ``catch()`` runs first thing in ``manage.py``; the command calls ``take()`` once its own handlers
 are installed and acts on what arrived. A second signal of the same kind before that means "now":
-the default action is restored and the signal raised again.
+exit 2 (EXIT_FORCED), as a second signal does later. Python itself needs some 20 ms to reach
+``manage.py``: a TERM before that is the kernel's (dropped by a PID 1), which only an init
+process in front of Python (tini, ``docker run --init``) can catch.
 """
 import os
 import signal
+
+from shoal_common.exitcodes import EXIT_FORCED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _pending = []
@@ -16,12 +20,8 @@ _pending = []
 
 def _record(signum, frame):
     if signum in _pending:
-        signal.signal(signum, signal.SIG_DFL)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        os.kill(os.getpid(), signum)
-        # As PID 1 the default action of TERM is to do nothing: leave.
-        os._exit(128 + signum)
+        # The second TERM/INT means "now", as it does once the consumers run (exit 2, EXIT_FORCED).
+        os._exit(EXIT_FORCED)
     _pending.append(signum)
 
 

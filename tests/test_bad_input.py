@@ -281,3 +281,12 @@ def test_runconsumer_contradictory_flags_are_configuration_errors(redis, flags, 
         call_command("runconsumer", "jobs:a", *flags)
     assert raised.value.returncode == 3  # EXIT_CONFIG, as the README's exit-code table says
     assert snapshot(redis) == {}
+
+
+def test_replay_with_redis_unreachable_is_a_clear_error(run_consumer):
+    from tests.redis_server import free_port
+
+    proc = run_consumer("orders", "--group", "email", "--all", command="replay",
+                        env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    assert proc.wait(timeout=60) == 1, proc.output()
+    assert "Redis is unreachable" in proc.output() and "Traceback" not in proc.output(), proc.output()

@@ -21,5 +21,6 @@ def test_log_format_json_gives_one_object_per_line_with_the_consumer_context(run
 
 def test_an_unknown_log_format_is_a_clear_error(run_consumer):
     proc = run_consumer("jobs:a", env={"LOG_FORMAT": "xml"})
-    assert proc.wait(timeout=60) != 0
-    assert "LOG_FORMAT='xml': use plain (the default) or json." in proc.output()
+    assert proc.wait(timeout=60) == 3, proc.output()  # a configuration error: no restart
+    assert "Configuration error: LOG_FORMAT='xml': use plain (the default) or json." in proc.output()
+    assert "Traceback" not in proc.output()

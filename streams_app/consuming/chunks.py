@@ -100,6 +100,7 @@ class Chunk:
             "Consumer %s: handler failed on entry %s of %s (group %s, delivery %s): %s",
             message.consumer, message.id, message.stream, message.group, message.deliveries,
             exception_text(exc), exc_info=logger.isEnabledFor(logging.DEBUG),
+            extra={"stream": message.stream, "group": message.group},
         )
         self.result.failed.append(Outcome(message, Status.FAILED, exc))
         self.errored.append(message)

@@ -144,7 +144,7 @@ def supervisor_directory(parent=None):
     parent.mkdir(mode=0o700, exist_ok=True)
     for old in parent.iterdir():
         try:
-            if not old.is_dir() or time.time() - old.stat().st_mtime < 60:
+            if not old.is_dir() or time.time() - old.stat().st_mtime < 5:
                 continue
             with open(old / OWNER_FILE, "a") as owner:
                 fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its master lives

@@ -2,6 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
 from streams_app.deadletters.replay import JSON_NULL, replay
 
@@ -37,6 +38,9 @@ class Command(BaseCommand):
             result = replay(stream, group, ids=ids, all=all, payload_override=override, dry_run=dry_run, progress=progress)
         except StreamsError as exc:
             raise CommandError(str(exc)) from None
+        except TRANSIENT_ERRORS as exc:
+            done = "nothing was replayed" if not all else "the replay stopped part-way (replay --all again: what was replayed is gone from the dead letters)"
+            raise CommandError(f"Redis is unreachable ({exc}); {done}. Check REDIS_URL.") from None
         for dead_id, new_id in result.replayed:
             if verbosity > 1 or dry_run:
                 self.stdout.write(f"{dead_id} -> {new_id or '(dry run)'}")

@@ -4,7 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
-from shoal_common.cli import log_level, positive_int, positive_float
+from shoal_common.cli import log_level, port, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
@@ -14,6 +14,9 @@ from streams_app.consuming.worker import EXIT_CONFIG, Worker
 
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
+# More workers than this in one supervisor is a typo, not a plan: 100,000 forks took a host down.
+# Past it, run more supervisors (hosts, pods).
+MAX_POOL_SIZE = 256
 
 
 def config_error(message):
@@ -55,7 +58,7 @@ class Command(BaseCommand):
         pool.add_argument("--heartbeat-timeout", type=positive_float,
                           help="Kill and replace a worker without heartbeat (or handler progress) for this long "
                                "(default STREAMS['HEARTBEAT_TIMEOUT']).")
-        parser.add_argument("--metrics-port", type=positive_int,
+        parser.add_argument("--metrics-port", type=port,
                             help="Serve Prometheus metrics on this port: handled/failed/dead-lettered counters, handler "
                                  "durations, in-flight, backlog; with a supervisor, summed over its workers, plus "
                                  "desired and current workers.")
@@ -90,6 +93,12 @@ class Command(BaseCommand):
 
     def validate_pool_options(self, options):
         workers, low, high = options["workers"], options["min_workers"], options["max_workers"]
+        for flag, value in (("--workers", workers), ("--min-workers", low), ("--max-workers", high)):
+            if value is not None and value > MAX_POOL_SIZE:
+                raise config_error(f"{flag} {value} is more than one supervisor runs ({MAX_POOL_SIZE}); run several "
+                                   f"supervisors (on more hosts or pods) for more workers.")
+        if options["metrics_addr"] != "127.0.0.1" and options["metrics_port"] is None:
+            raise config_error("--metrics-addr needs --metrics-port: metrics are served only on the port given.")
         if workers is not None and (low is not None or high is not None):
             raise config_error("Give either --workers N (a fixed pool) or --min-workers/--max-workers (autoscaling), not both.")
         if low is not None and high is None:

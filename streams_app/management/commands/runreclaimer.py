@@ -3,12 +3,14 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
-from shoal_common.cli import log_level, positive_float, positive_int
+from shoal_common.cli import log_level, port, positive_float
 
 from streams_app.consuming.worker import EXIT_CONFIG
 from streams_app.reclaim import Reclaimer
 from streams_app.checks import settings_errors
 from streams_app.registry import registered
+
+logger = logging.getLogger("streams_app.reclaim")
 
 
 
@@ -20,7 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=positive_float,
                             help="Seconds between passes (default STREAMS['RECLAIM_INTERVAL']).")
         parser.add_argument("--once", action="store_true", help="Make one pass and exit.")
-        parser.add_argument("--metrics-port", type=positive_int,
+        parser.add_argument("--metrics-port", type=port,
                             help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
 
     def check(self, *args, **kwargs):
@@ -55,10 +57,10 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.stdout.write(f"Reclaimer: watching {len(specs)} groups ({', '.join(s.name for s in specs)})")
+        logger.info("Reclaimer: watching %d groups (%s)", len(specs), ", ".join(s.name for s in specs))
         reclaimer.run(interval=interval, once=once)
         errors = reclaimer.last_report.errors if reclaimer.last_report else []
         if once and errors:
             # A cron job must not report success for a pass that audited nothing (Redis away, a bad key).
             raise CommandError(f"the pass did not complete: {'; '.join(errors)}", returncode=1)
-        self.stdout.write(self.style.SUCCESS(f"Reclaimer: stopped after {reclaimer.passes} passes"))
+        logger.info("Reclaimer: stopped after %d passes", reclaimer.passes)

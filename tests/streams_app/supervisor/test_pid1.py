@@ -57,3 +57,20 @@ def test_a_term_during_start_up_is_honoured_once_the_consumers_are_up(run_consum
     os.kill(pid1, signal.SIGTERM)
     assert proc.wait(timeout=90) == 0, proc.output()
     assert "started" in proc.output() and "stopped" in proc.output(), proc.output()
+
+
+def term_pending(pid):
+    with open(f"/proc/{pid}/status") as status:
+        masks = {k: int(v, 16) for k, v in (line.split(":") for line in status if line[:6] in ("SigPnd", "ShdPnd"))}
+    return any(mask & (1 << (signal.SIGTERM - 1)) for mask in masks.values())
+
+
+def test_a_second_term_during_start_up_stops_at_once_with_exit_2(run_consumer, tmp_path):
+    marker = tmp_path / "loading"
+    proc = run_consumer("jobs:a", "--workers", "1", env={"SHOAL_TEST_SLOW_START": str(marker)})
+    wait_for(marker.exists, timeout=60, what="the consumer to start loading its settings")
+    proc.signal(signal.SIGTERM)
+    # Two TERMs sent back to back merge into one: send the second once the first was delivered.
+    wait_for(lambda: not term_pending(proc.pid), timeout=30, what="the first TERM to be delivered")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 2, proc.output()  # EXIT_FORCED, as a second TERM means later on

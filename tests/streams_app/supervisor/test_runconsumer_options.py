@@ -59,3 +59,16 @@ def test_a_worker_inherits_no_socket_of_the_master(redis_server, monkeypatch):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         heartbeat.close()
+
+
+def test_bad_ports_huge_pools_and_a_lone_metrics_addr_are_configuration_errors(run_consumer):
+    for args, says in [
+        (["--metrics-port", "99999"], "invalid port number (1-65535) value"),
+        (["--workers", "100000"], "--workers 100000 is more than one supervisor runs (256)"),
+        (["--min-workers", "1", "--max-workers", "5000"], "--max-workers 5000 is more than one supervisor runs"),
+        (["--metrics-addr", "0.0.0.0"], "--metrics-addr needs --metrics-port"),
+    ]:
+        proc = run_consumer("jobs:a", *args)
+        code = proc.wait(timeout=60)
+        assert code != 0 and says in proc.output(), (args, code, proc.output())
+        assert "Traceback" not in proc.output(), proc.output()
