@@ -8,24 +8,27 @@ across workers that survive recycling, broadcast listeners, and discovery regist
 
 The master imports no application code (no Django, no settings, no app modules): what the master
 has imported, every worker it forks inherits unreloaded, so HUP could not load new code. The
-hooks here use only ``project.cpus`` and ``streams_app.metrics.multiprocess`` (prometheus_client, no Django).
+hooks here use only ``project.cpus``, ``project.web_supervision`` and ``streams_app.metrics.multiprocess``
+(prometheus_client, no Django).
 
 Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
 own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default var/prometheus),
-WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0), SHOAL_VAR_DIR.
+WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0; default: the interface of
+the default route, never a loopback address), SHOAL_VAR_DIR.
 """
 import json
 import os
 import random
-import socket
-import subprocess
+import signal
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from project import web_supervision  # noqa: E402
 from project.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
 
@@ -33,6 +36,8 @@ VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
 VAR.mkdir(parents=True, exist_ok=True)
 # Set before any worker imports prometheus_client: it picks its multiprocess mode at import time.
 os.environ.setdefault(multiprocess.ENV, str(VAR / "prometheus"))
+# Where the registration supervisor writes its state, for the workers' /readyz.
+os.environ.setdefault(web_supervision.STATUS_ENV, str(VAR / "web_registration.json"))
 
 wsgi_app = "project.wsgi"
 workers = web_concurrency()
@@ -65,34 +70,51 @@ def on_starting(server):
 
 
 def when_ready(server):
-    # The registration process is kept on the arbiter: HUP re-reads this file into a new module,
-    # and a Popen left in the old one would be collected, closing its pipe and deregistering.
+    # The supervisor is kept on the arbiter: HUP re-reads this file into a new module, and one left
+    # in the old module would be collected, closing its pipe and deregistering.
     server.shoal_registration = None
     listener = server.LISTENERS[0]
     address = listener.sock.getsockname()
     if not isinstance(address, tuple):
         server.log.info("Discovery registration skipped: listening on a unix socket (%s).", listener)
         return
-    host, port = address[0], address[1]
-    if host in ("0.0.0.0", "::"):
-        host = os.environ.get("WEB_ADVERTISE_ADDRESS") or socket.gethostbyname(socket.gethostname())
-    metadata = {"master_pid": os.getpid(), "workers": server.num_workers}
-    server.shoal_registration = subprocess.Popen(
-        [sys.executable, "-m", "project.web_registration", host, str(port), json.dumps(metadata)],
-        cwd=ROOT, stdin=subprocess.PIPE,
-    )
-    server.log.info("Discovery registration started for %s:%s (pid %s).", host, port, server.shoal_registration.pid)
+    host, why = web_supervision.advertised_address(address[0])
+    if host is None:
+        server.log.error("Discovery registration skipped: %s.", why)
+        return
+    port = address[1]
+    scheme = "https" if server.cfg.is_ssl else "http"
+    metadata = {"master_pid": os.getpid(), "workers": server.num_workers, "scheme": scheme}
+    # One id for the master's life: a restarted registration process replaces its own record.
+    instance_id = f"web-{host}-{port}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    argv = [sys.executable, "-m", "project.web_registration", host, str(port), json.dumps(metadata), instance_id]
+    supervisor = web_supervision.RegistrationSupervisor(argv, ROOT, server.log,
+                                                        os.environ[web_supervision.STATUS_ENV])
+    server.shoal_registration = supervisor.start()
+    _deregister_first_on(server, supervisor, (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT))
+    server.log.info("Discovery registration started for %s://%s:%s, advertised as %s (pid %s).",
+                    scheme, host, port, why, supervisor.process.pid)
+
+
+def _deregister_first_on(server, supervisor, signals):
+    # gunicorn's handlers only queue the signal; its main loop then closes the sockets and drains
+    # for up to graceful_timeout. Chained in front of them, the supervisor hears of the stop at
+    # once and has the instance deregistered while the drain runs, not after it.
+    for signum in signals:
+        previous = signal.getsignal(signum)
+
+        def handler(sig, frame, previous=previous):
+            supervisor.handle_signal(sig)
+            if callable(previous):
+                previous(sig, frame)
+
+        signal.signal(signum, handler)
 
 
 def on_exit(server):
-    registration = getattr(server, "shoal_registration", None)
-    if registration is None:
-        return
-    registration.stdin.close()  # EOF: the registration process deregisters and exits
-    try:
-        registration.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        registration.kill()
+    supervisor = getattr(server, "shoal_registration", None)
+    if supervisor is not None:
+        supervisor.stop()  # EOF: the registration process deregisters (if it has not) and exits
 
 
 def post_fork(server, worker):
@@ -100,9 +122,9 @@ def post_fork(server, worker):
     # process, and fork() copies only the forking thread), so a worker inherits neither. All it
     # inherits of ours is this pipe, which it must not hold open, or the registration process would
     # not see the master die.
-    registration = getattr(server, "shoal_registration", None)
-    if registration is not None and not registration.stdin.closed:
-        registration.stdin.close()  # this process's copy only; the master's stays open
+    supervisor = getattr(server, "shoal_registration", None)
+    if supervisor is not None:
+        supervisor.close_in_child()  # this process's copy only; the master's stays open
     random.seed()  # random state differs per worker (jitter, names)
 
 

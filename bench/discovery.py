@@ -3,14 +3,21 @@
     .venv/bin/python bench/discovery.py [--resolves 200000] [--repeat 50]
 
 (a) DiscoveryClient.resolve() per second from the local cache, one thread, for each strategy
-    (10 healthy instances, change-event listener on as in production);
+    (10 / 1,000 / 10,000 healthy instances, change-event listener on as in production);
 (b) ServiceRegistry.instances() latency (one Lua round trip that prunes and reads every record)
-    with 10 / 1,000 / 10,000 registered instances.
+    with 10 / 1,000 / 10,000 registered instances;
+(c) asyncio: aresolve() per second from the cache (on the loop), and request() calls per second to
+    a local HTTP server through asyncio.to_thread with 16 tasks, against the same calls from one thread
+    (what an httpx client would have to beat to be worth a second HTTP stack);
+(d) the time from a registration to a client resolving it, at 10,000 instances.
 """
 import argparse
+import asyncio
 import logging
 import statistics
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from common import setup_django, start_redis
 
@@ -29,17 +36,45 @@ def bench_resolve(count):
     from discovery_app.client import DiscoveryClient
     from discovery_app.registry import ServiceRegistry
 
-    register_many(ServiceRegistry(), "resolve-bench", 10)
-    for name in STRATEGIES:
-        client = DiscoveryClient(strategy=name, cache_ttl=3600)
-        client.wait_listening()
-        client.resolve("resolve-bench")  # fill the cache
+    registry = ServiceRegistry(ttl=3600)
+    for size in (10, 1_000, 10_000):
+        service = f"resolve-bench-{size}"
+        register_many(registry, service, size)
+        for name in STRATEGIES:
+            client = DiscoveryClient(strategy=name, cache_ttl=3600)
+            client.wait_listening()
+            client.resolve(service)  # fill the cache
+            calls = count if size <= 1_000 or name != "least-connections" else count // 20
+            start = time.perf_counter()
+            for _ in range(calls):
+                client.resolve(service)
+            elapsed = time.perf_counter() - start
+            client.close()
+            print(f"(a) resolve() from cache, {size:>6,} instances, {name:<22} {calls / elapsed:>10,.0f} calls/s  "
+                  f"({elapsed * 1e6 / calls:.1f} us/call)")
+
+
+def bench_change_at_scale(size=10_000, repeat=5):
+    """From a registration at ``size`` instances to a client resolving the new instance."""
+    from discovery_app.client import DiscoveryClient
+    from discovery_app.registry import ServiceRegistry
+
+    registry = ServiceRegistry(ttl=3600)
+    service = f"change-bench-{size}"
+    register_many(registry, service, size)
+    client = DiscoveryClient(cache_ttl=3600)
+    client.wait_listening()
+    client.resolve(service)
+    samples = []
+    for n in range(repeat):
         start = time.perf_counter()
-        for _ in range(count):
-            client.resolve("resolve-bench")
-        elapsed = time.perf_counter() - start
-        client.close()
-        print(f"(a) resolve() from cache, {name:<22} {count / elapsed:>10,.0f} calls/s  ({elapsed * 1e6 / count:.1f} us/call)")
+        new = registry.register(service, "10.9.9.9", 9000 + n)
+        while new.instance_id not in {i.instance_id for i in client.instances(service)}:
+            time.sleep(0.001)
+        samples.append((time.perf_counter() - start) * 1000)
+    client.close()
+    print(f"(d) a registration reaching a client at {size:,} instances: median {statistics.median(samples):.0f} ms "
+          f"(max {max(samples):.0f} ms, {repeat} runs; the client re-reads the whole service)")
 
 
 def bench_instances(repeat):
@@ -61,10 +96,67 @@ def bench_instances(repeat):
               f"p95 {p95:8.2f} ms  ({repeat} calls)")
 
 
+def bench_async(count, calls):
+    from discovery_app.client import DiscoveryClient
+    from discovery_app.registry import ServiceRegistry
+
+    register_many(ServiceRegistry(), "async-bench", 10)
+    client = DiscoveryClient(cache_ttl=3600)
+    client.resolve("async-bench")
+
+    async def resolves():
+        start = time.perf_counter()
+        for _ in range(count):
+            await client.aresolve("async-bench")
+        return time.perf_counter() - start
+
+    elapsed = asyncio.run(resolves())
+    print(f"(c) aresolve() from cache on the loop      {count / elapsed:>10,.0f} calls/s  ({elapsed * 1e6 / count:.1f} us/call)")
+
+    class Hello(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(0.02)  # an instance 20 ms away
+            # One write: headers and body in separate segments meet delayed ACKs (40 ms a call).
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ServiceRegistry(ttl=3600).register("hello", "127.0.0.1", httpd.server_address[1])
+    client.request("hello", "GET", "/")
+
+    async def threaded(path, n, tasks=16):
+        async def worker(n):
+            for _ in range(n):
+                await asyncio.to_thread(client.request, "hello", "GET", path)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(n // tasks) for _ in range(tasks)))
+        return time.perf_counter() - start
+
+    for path, n in (("/", calls), ("/slow", calls // 10)):
+        start = time.perf_counter()
+        for _ in range(n):
+            client.request("hello", "GET", path)
+        sync = time.perf_counter() - start
+        threaded_elapsed = asyncio.run(threaded(path, n))
+        print(f"(c) GET {path:<6} request(), one thread       {n / sync:>10,.0f} calls/s")
+        print(f"(c) GET {path:<6} to_thread(request) x16      {n / threaded_elapsed:>10,.0f} calls/s")
+    httpd.shutdown()
+    client.close()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resolves", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
     server = start_redis()
     try:
@@ -73,6 +165,8 @@ def main():
         print(f"private redis-server on port {server.port}")
         bench_resolve(args.resolves)
         bench_instances(args.repeat)
+        bench_async(args.resolves // 4, args.calls)
+        bench_change_at_scale()
     finally:
         server.stop()
 

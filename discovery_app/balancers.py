@@ -2,7 +2,13 @@
 
 ``inflight`` is a mapping instance key -> calls in flight through this client (see
 DiscoveryClient.track). Every strategy is safe to call from many threads at once.
+
+Every strategy honours weights: at equal load each instance gets its weight's share of the picks,
+and load is judged per unit of weight (calls in flight / weight, as Envoy's weighted least-request).
+Weight 0 means draining: DiscoveryClient.resolve never offers such an instance while another has a
+positive weight; if all are 0 they count as equal (better a drained instance than none).
 """
+import bisect
 import itertools
 import random
 import threading
@@ -12,20 +18,75 @@ def key_of(instance):
     return instance.instance_id
 
 
+_profiles: dict = {}  # id(list) -> (the list, uniform?, cumulative weights); see _profile
+_PROFILES_KEPT = 64
+
+
+def _profile(instances):
+    """(every weight equal?, cumulative weights) of a candidate list, computed once per list: the
+    client hands the same list to every pick until something changes, and an O(n) pass per pick
+    would cost milliseconds at 10,000 instances. Holding the list keeps its id from being reused."""
+    found = _profiles.get(id(instances))
+    if found is not None and found[0] is instances:
+        return found[1], found[2]
+    weights = _weights(instances)
+    uniform = len(set(weights)) <= 1
+    cumulative = list(itertools.accumulate(weights))
+    if len(_profiles) >= _PROFILES_KEPT:
+        _profiles.clear()
+    _profiles[id(instances)] = (instances, uniform, cumulative)
+    return uniform, cumulative
+
+
+def _draw(rng, instances, cumulative):
+    """One instance at random by weight, in O(log n)."""
+    return instances[bisect.bisect_right(cumulative, rng.random() * cumulative[-1])]
+
+
+def _weights(instances):
+    weights = [instance.weight for instance in instances]
+    return weights if any(weights) else [1.0] * len(instances)
+
+
+def _load(instance, inflight):
+    return inflight.get(key_of(instance), 0) / (instance.weight or 1.0)
+
+
 class RoundRobin:
+    """Exact rotation; with unequal weights, nginx's smooth weighted round-robin (1:3 gives b a b b)."""
+
     name = "round-robin"
 
     def __init__(self, rng=None):
         self._counters: dict[str, itertools.count] = {}
+        self._current: dict[str, dict] = {}  # service -> instance key -> smooth-WRR credit
         self._lock = threading.Lock()
 
     def pick(self, service, instances, inflight):
+        if not _profile(instances)[0]:
+            return self._weighted(service, instances)
         counter = self._counters.get(service)
         if counter is None:
             with self._lock:
                 counter = self._counters.setdefault(service, itertools.count())
         # next() on itertools.count is atomic under the GIL: exact rotation across threads.
         return instances[next(counter) % len(instances)]
+
+    def _weighted(self, service, instances):
+        weights = _weights(instances)
+        with self._lock:
+            credit = self._current.setdefault(service, {})
+            best, best_credit = None, None
+            for instance, weight in zip(instances, weights):
+                value = credit.get(key_of(instance), 0.0) + weight
+                credit[key_of(instance)] = value
+                if best_credit is None or value > best_credit:
+                    best, best_credit = instance, value
+            credit[key_of(best)] -= sum(weights)
+            if len(credit) > 2 * len(instances):  # instances come and go: forget the departed
+                keep = {key_of(i) for i in instances}
+                self._current[service] = {k: v for k, v in credit.items() if k in keep}
+            return best
 
 
 class Random:
@@ -35,6 +96,9 @@ class Random:
         self.rng = rng or random.Random()
 
     def pick(self, service, instances, inflight):
+        uniform, cumulative = _profile(instances)
+        if not uniform:
+            return _draw(self.rng, instances, cumulative)
         return self.rng.choice(instances)
 
 
@@ -45,10 +109,8 @@ class WeightedRandom:
         self.rng = rng or random.Random()
 
     def pick(self, service, instances, inflight):
-        weights = [instance.weight for instance in instances]
-        if not any(weights):
-            return self.rng.choice(instances)  # every weight 0: drained, but better than nothing
-        return self.rng.choices(instances, weights=weights)[0]
+        # Every weight 0 (drained, but better than nothing) counts as equal weights.
+        return _draw(self.rng, instances, _profile(instances)[1])
 
 
 class LeastConnections:
@@ -58,13 +120,19 @@ class LeastConnections:
         self.rng = rng or random.Random()
 
     def pick(self, service, instances, inflight):
-        least = min(inflight.get(key_of(i), 0) for i in instances)
-        # Ties are broken at random, or every caller would pile onto the first idle instance.
-        return self.rng.choice([i for i in instances if inflight.get(key_of(i), 0) == least])
+        # O(n) per pick by nature (every instance's load is looked at); P2C is O(1).
+        if not inflight:  # nothing in flight: every instance ties
+            return _draw(self.rng, instances, _profile(instances)[1])
+        loads = [inflight.get(key_of(i), 0) / (i.weight or 1.0) for i in instances]
+        least = min(loads)
+        # Ties are broken at random (by weight), or every caller would pile onto the first idle instance.
+        tied = [i for i, load in zip(instances, loads) if load == least]
+        return self.rng.choices(tied, weights=_weights(tied))[0]
 
 
 class PowerOfTwoChoices:
-    """Two distinct instances at random; the one with fewer calls in flight wins."""
+    """Two distinct instances drawn at random by weight; the one with fewer calls in flight per unit
+    of weight wins (a tie goes to the first drawn, so at equal load picks follow the weights)."""
 
     name = "power-of-two-choices"
 
@@ -74,10 +142,26 @@ class PowerOfTwoChoices:
     def pick(self, service, instances, inflight):
         if len(instances) == 1:
             return instances[0]
-        a, b = self.rng.sample(instances, 2)
-        load_a, load_b = inflight.get(key_of(a), 0), inflight.get(key_of(b), 0)
+        uniform, cumulative = _profile(instances)
+        if uniform:
+            # Two distinct indices in O(1) (random.sample is several times slower on this path).
+            n, draw = len(instances), self.rng.random
+            first, second = int(draw() * n), int(draw() * (n - 1))
+            a, b = instances[first], instances[second + (second >= first)]
+            load_a, load_b = inflight.get(a.instance_id, 0), inflight.get(b.instance_id, 0)
+            return b if load_b < load_a else a  # a tie goes to a, drawn at random
+        else:
+            a = _draw(self.rng, instances, cumulative)
+            b = a
+            for _ in range(8):  # a second, different one; heavy skew may take a few draws
+                b = _draw(self.rng, instances, cumulative)
+                if b is not a:
+                    break
+            if b is a:
+                b = self.rng.choice([i for i in instances if i is not a])
+        load_a, load_b = _load(a, inflight), _load(b, inflight)
         if load_a == load_b:
-            return a  # sample() already made the order random
+            return a  # drawn first, and at random
         return a if load_a < load_b else b
 
 

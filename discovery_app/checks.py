@@ -1,12 +1,12 @@
 """System checks for ``settings.DISCOVERY`` (ids discovery_app.E00x / W00x are stable)."""
 import math
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from discovery_app.balancers import STRATEGIES
 from discovery_app.defaults import DEFAULTS, SETTINGS
+from discovery_app.fallbacks import InvalidFallback, parse_fallback
 from shoal_common.appsettings import kind_errors
 
 
@@ -24,9 +24,10 @@ def _fallback_errors(fallbacks):
             problems.append(f"DISCOVERY['FALLBACKS'][{service!r}] must be a list of URLs, not {urls!r}.")
             continue
         for url in urls:
-            parts = urlsplit(url) if isinstance(url, str) else None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-                problems.append(f"DISCOVERY['FALLBACKS'][{service!r}] has {url!r}, which is not an http(s)://host[:port] URL.")
+            try:
+                parse_fallback(url)
+            except InvalidFallback as exc:
+                problems.append(f"DISCOVERY['FALLBACKS'][{service!r}]: {exc}.")
     return problems
 
 

@@ -5,7 +5,14 @@ ones (heartbeat younger than HEALTHY_FACTOR x TTL) -> those whose circuit breake
 (none left: panic, use them all) -> the caller's zone when it has any -> the strategy picks.
 With Redis unreachable it serves the last instances it saw (stale-if-error); with none
 registered it uses the FALLBACKS from settings.
+
+Clients share one change-event listener per process and Redis server (``_Hub``), which holds them
+only weakly: a dropped client is collected with nothing left behind. Still, make one client per
+process and share it: each new client starts with an empty cache and fresh breakers.
 """
+import asyncio
+import fnmatch
+import functools
 import logging
 import os
 import threading
@@ -13,16 +20,15 @@ import time
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
 
 from discovery_app import keys
 from discovery_app.balancers import key_of, make_strategy
 from discovery_app.breaker import Breakers
 from discovery_app.conf import get_settings
 from discovery_app.connection import TRANSIENT_ERRORS
-from discovery_app.exceptions import ServiceNotAvailable
-from discovery_app.instance import Instance
+from discovery_app.exceptions import ClientClosed, ServiceNotAvailable
+from discovery_app.fallbacks import fallback_instances
 from discovery_app.listener import ChangeListener
 from discovery_app.registry import ServiceRegistry
 from shoal_common.backoff import backoff_delay
@@ -38,21 +44,80 @@ class _Entry:
     instances: list
     fetched_at: float  # client monotonic clock; -inf once invalidated
     clock_offset: float  # Redis server time minus local time.time(), at the fetch
+    preserved: dict = field(default_factory=dict)  # instance id -> serve until (client clock); see _preserve
+
+
+SWEEP_PERIOD = 1.0
+"""Seconds between expiry sweeps (one process sweeps per period; see ServiceRegistry.sweep)."""
+
+MANY_CLIENTS = 100
+"""Clients created in one process past which a warning says to share one (one per request is a bug)."""
+
+
+def is_instance_failure(exc):
+    """Does ``exc``, escaping a call, say the instance misbehaved (and not the caller)?
+
+    Connection errors and timeouts (OSErrors) do, and so do a broken or undecodable body. requests'
+    other errors are OSErrors too but the caller's own (InvalidHeader, InvalidURL, MissingSchema,
+    TooManyRedirects...): they must not eject a healthy instance.
+    """
+    if not isinstance(exc, OSError):
+        return False
+    try:
+        import requests
+    except ImportError:  # pragma: no cover - requests is a dependency, but track() does not need it
+        return True
+    if isinstance(exc, requests.RequestException):
+        return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                                requests.exceptions.ContentDecodingError))
+    return True
+
+
+@dataclass
+class _Plan:
+    instances: list  # usable (healthy, selected) instances
+    candidates: list  # what the strategy picks from
+    panic: bool
+    let_back: object  # ids let through in spite of an open breaker (MAX_EJECTED)
+    degraded: object
+    message: str
+    entry: object = None  # the cache entry it was computed from (cached plans only)
+    breakers_version: int = -1
+    breakers_until: float = float("inf")
+    healthy_until: float = float("inf")  # Redis server time when the first candidate turns unhealthy
 
 
 class Call:
-    """Yielded by ``track()``: call ``fail()`` when the instance misbehaved without raising (a 5xx)."""
+    """One call in flight to ``instance``: ``fail()`` when it misbehaved without raising (a 5xx);
+    ``finish()`` ends it once (later calls do nothing)."""
 
-    def __init__(self, instance):
+    def __init__(self, client, instance):
+        self.client = client
         self.instance = instance
+        self.started = client.clock()
         self.failed = False
+        self._done = False
 
     def fail(self):
         self.failed = True
 
+    def finish(self, ok=True):
+        """Leave the in-flight count; report ``ok and not failed`` to the breaker (None: report nothing)."""
+        client, key = self.client, key_of(self.instance)
+        with client._lock:
+            if self._done:
+                return
+            self._done = True
+            client._inflight[key] -= 1
+            if not client._inflight[key]:
+                del client._inflight[key]
+        if ok is not None:
+            client.report(self.instance, ok=ok and not self.failed, started=self.started)
+
 
 # Every client of this process, so that a broadcast ("discovery.invalidate") reaches them all.
 _clients = weakref.WeakSet()
+_created = 0
 
 
 def invalidate(service=None):
@@ -61,14 +126,96 @@ def invalidate(service=None):
         client.invalidate(service)
 
 
-def fallback_instances(service, urls):
-    found = []
-    for url in urls:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        found.append(Instance(service=service, instance_id=f"fallback:{url}", address=parts.hostname,
-                              port=port, scheme=parts.scheme or "http", ttl=0.0))
-    return found
+class _Hub:
+    """The change-event listener of one Redis server, shared by this process's clients of it.
+
+    Holds its clients weakly; its thread ends when the last one is closed or collected.
+    """
+
+    def __init__(self, key, connect, backoff_max):
+        self.key = key
+        self.clients = weakref.WeakSet()
+        self.connect = connect
+        self._sweeper = None  # a registry on a connection of the listener thread's own
+        self._next_sweep = 0.0
+        self.listener = ChangeListener(keys.events_channel(), connect, self._event, self._reconnect,
+                                       backoff_max, idle=self._idle, tick=self._sweep)
+
+    def _sweep(self):
+        # Expiries are noticed when someone touches a service; the sweep makes them on time (within
+        # about a second), in one process per second across the deployment (see registry.sweep).
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_PERIOD
+        try:
+            if self._sweeper is None:
+                self._sweeper = ServiceRegistry(self.connect())
+            self._sweeper.sweep(SWEEP_PERIOD)
+        except TRANSIENT_ERRORS as exc:
+            logger.debug("Discovery: expiry sweep skipped (%s)", exc)
+
+    def _members(self):
+        with _hubs_lock:
+            return list(self.clients)
+
+    def _event(self, service):
+        for client in self._members():
+            client.invalidate(service)
+
+    def _reconnect(self):
+        for client in self._members():
+            client.invalidate(None)
+
+    def _idle(self):
+        with _hubs_lock:
+            if self.clients:
+                return False
+            if _hubs.get(self.key) is self:
+                del _hubs[self.key]  # the next client starts a new hub
+            return True
+
+
+_hubs: dict[tuple, _Hub] = {}
+_hubs_lock = threading.Lock()
+
+
+def _hub_for(client):
+    """Join ``client`` to the hub of its Redis server, starting one if needed."""
+    pool = client.registry.connection.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    key = (pool.connection_class, kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
+           kwargs.get("db"), kwargs.get("username"), keys.events_channel())
+    with _hubs_lock:
+        hub = _hubs.get(key)
+        if hub is None or not hub.listener.alive:
+            pool_class, connection_class = type(pool), pool.connection_class
+
+            def connect():  # a pool of its own, made in the listener's thread; no reference to a client
+                import redis
+
+                return redis.Redis(connection_pool=pool_class(connection_class=connection_class, **kwargs))
+
+            hub = _hubs[key] = _Hub(key, connect, client.backoff_max)
+            hub.clients.add(client)
+            hub.listener.start()
+        else:
+            hub.clients.add(client)
+    return hub
+
+
+def _after_fork_in_child():
+    # The child has only the forking thread. A lock another thread held at the fork stays held
+    # for ever in the child, and the parent's listener threads, sockets and calls in flight are
+    # not the child's: start every client of this process afresh (their caches stay).
+    global _hubs_lock
+    _hubs_lock = threading.Lock()
+    _hubs.clear()
+    for client in list(_clients):
+        client._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DiscoveryClient:
@@ -83,13 +230,19 @@ class DiscoveryClient:
         self.listen = config["LISTEN"] if listen is None else listen
         self.healthy_factor = config["HEALTHY_FACTOR"]
         self.backoff_max = config["RETRY_BACKOFF_MAX"]
+        preservation = config["SELF_PRESERVATION"]
+        self.self_preservation = config["HEARTBEAT_INTERVAL"] + 5.0 if preservation is None else preservation
         self.http_timeout = config["HTTP_TIMEOUT"]
+        self.http_deadline = config["HTTP_DEADLINE"]
+        self.retry_read_timeouts = config["RETRY_READ_TIMEOUTS"]
         self.clock = clock
+        cooldown = config["BREAKER_COOLDOWN"] if breaker_cooldown is None else breaker_cooldown
         self.breakers = Breakers(
-            config["BREAKER_FAILURES"] if breaker_failures is None else breaker_failures,
-            config["BREAKER_COOLDOWN"] if breaker_cooldown is None else breaker_cooldown,
-            clock=clock,
+            config["BREAKER_FAILURES"] if breaker_failures is None else breaker_failures, cooldown,
+            clock=clock, max_cooldown=max(cooldown, config["BREAKER_MAX_COOLDOWN"]),
         )
+        self.panic_threshold = config["PANIC_THRESHOLD"]
+        self.max_ejected = config["MAX_EJECTED"]
         self._cache: dict[str, _Entry] = {}
         self._inflight = defaultdict(int)
         self._lock = threading.Lock()
@@ -98,42 +251,117 @@ class DiscoveryClient:
         self._failures = 0  # registry fetches failed in a row (the back-off doubles with each)
         self._last_error = None
         self._degraded: dict[str, str] = {}  # service -> "stale" / "panic", to log once per episode
-        self._listener = None
-        self._pid = os.getpid()
+        self._hub = None
+        self._closed = False
+        self._fetching: dict[str, threading.Event] = {}  # service -> set when its refresh ends
+        self._plans: dict[str, _Plan] = {}  # service -> what resolve() last picked from
+        self.redis_timeout = config["REDIS_TIMEOUT"]
         self._http = threading.local()
         self._invalidations = defaultdict(int)  # per service: bumped by invalidate(), see _entry
         self._all_invalidations = 0
         _clients.add(self)
+        _count_creation()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
 
     # -- public API ------------------------------------------------------------------------
 
-    def resolve(self, service, exclude=()):
-        """One instance of ``service`` to call. ``exclude``: instance ids to avoid if others exist."""
+    def resolve(self, service, exclude=(), *, tags=None, version=None):
+        """One instance of ``service`` to call. ``exclude``: instance ids to avoid if others exist;
+        ``tags``: only instances carrying all of them; ``version``: only versions matching this
+        glob ("2.*", "2.1.0")."""
         self._ensure_listener()
-        instances, degraded, message = self._usable(service)
-        if exclude:
-            others = [i for i in instances if key_of(i) not in exclude]
-            instances = others or instances
-        candidates = [i for i in instances if self.breakers.available(key_of(i))]
-        panic = not candidates
+        if not exclude and not tags and version is None:
+            plan = self._cached_plan(service)  # the common case: no per-call filtering, O(1)
+        else:
+            plan = None
+        if plan is None:
+            instances, degraded, message = self._usable(service)
+            instances = _select(service, instances, tags, version)
+            if exclude:
+                others = [i for i in instances if key_of(i) not in exclude]
+                instances = others or instances
+            plan = self._plan(instances, degraded, message)
+            if not exclude and not tags and version is None:
+                self._keep_plan(service, plan)
+        self._note(service, plan.degraded, plan.message)
+        candidates = plan.candidates
+        while candidates:
+            instance = self.strategy.pick(service, candidates, self._inflight)
+            if plan.panic or key_of(instance) in plan.let_back or self.breakers.acquire(key_of(instance)):
+                return instance
+            candidates = [i for i in candidates if i is not instance]  # another thread took its half-open trial
+        return self.strategy.pick(service, plan.instances, self._inflight)
+
+    def _plan(self, instances, degraded, message):
+        """What resolve() picks from: breakers, panic, weights, draining, health checks and zone applied."""
+        candidates, let_back = self._not_ejected(instances)
+        panic = not candidates or len(candidates) < self.panic_threshold * len(instances)
         if panic:
-            degraded, message = "panic", "every instance's circuit breaker is open; using them all (panic mode)"
-        self._note(service, degraded, message)
-        if panic:
+            degraded, message = "panic", (
+                f"{len(instances) - len(candidates)} of {len(instances)} instances' circuit breakers are open "
+                f"(panic threshold {self.panic_threshold:.0%} available); using them all (panic mode)")
             candidates = instances
+        # Weight 0, drained by an operator, or failing its health check: no new picks while any
+        # other instance is left.
+        candidates = [i for i in candidates if i.weight > 0 and not i.draining and not i.failing] or list(candidates)
         if self.zone:
             local = [i for i in candidates if i.zone == self.zone]
             candidates = local or candidates
-        candidates = list(candidates)
-        while candidates:
-            instance = self.strategy.pick(service, candidates, self._inflight)
-            if panic or self.breakers.acquire(key_of(instance)):
-                return instance
-            candidates.remove(instance)  # another thread took its half-open trial
-        return self.strategy.pick(service, instances, self._inflight)
+        return _Plan(instances, candidates, panic, let_back, degraded, message)
 
-    def resolve_url(self, service):
-        return self.resolve(service).url
+    def _keep_plan(self, service, plan):
+        # Valid while the cache entry, the breakers and every candidate's health stay as they are:
+        # resolve() at 10,000 instances must not redo O(n) work per call (it did: 72 calls/s).
+        entry = self._cache.get(service)
+        if entry is None or plan.degraded not in (None, "panic") or not plan.instances:
+            return
+        plan.entry, plan.breakers_version = entry, self.breakers.version
+        plan.breakers_until = self.breakers.next_change()
+        plan.healthy_until = min(i.last_heartbeat + self.healthy_factor * i.ttl for i in plan.instances
+                                 if not i.is_fallback) if any(not i.is_fallback for i in plan.instances) else float("inf")
+        self._plans[service] = plan
+
+    def _cached_plan(self, service):
+        plan = self._plans.get(service)
+        if plan is None:
+            return None
+        entry = self._cache.get(service)
+        now = self.clock()
+        if (plan.entry is not entry or now - entry.fetched_at >= self.cache_ttl
+                or plan.breakers_version != self.breakers.version or now >= plan.breakers_until
+                or time.time() + entry.clock_offset >= plan.healthy_until):
+            return None
+        return plan
+
+    def _not_ejected(self, instances):
+        """(instances whose breaker lets calls through, ids let back in spite of it): with more than
+        MAX_EJECTED of them out, the ones ejected longest ago come back first (Envoy's
+        max_ejection_percent)."""
+        candidates = [i for i in instances if self.breakers.available(key_of(i))]
+        ejected = len(instances) - len(candidates)
+        allowed = int(self.max_ejected * len(instances))
+        if ejected <= allowed:
+            return candidates, ()
+        out = sorted((i for i in instances if not self.breakers.available(key_of(i))),
+                     key=lambda i: self.breakers.opened_at(key_of(i)) or 0.0)
+        back = {key_of(i) for i in out[:ejected - allowed]}
+        return [i for i in instances if self.breakers.available(key_of(i)) or key_of(i) in back], back
+
+    def resolve_url(self, service, **selectors):
+        return self.resolve(service, **selectors).url
+
+    async def aresolve(self, service, exclude=(), **selectors):
+        """``resolve()`` for asyncio code: answers on the loop from a fresh cache, and runs a
+        registry fetch (a cache miss or expiry) in a worker thread so the loop never waits on Redis."""
+        entry = self._cache.get(service)
+        if entry is not None and self.clock() - entry.fetched_at < self.cache_ttl:
+            return self.resolve(service, exclude, **selectors)
+        return await asyncio.to_thread(functools.partial(self.resolve, service, exclude, **selectors))
 
     def invalidate(self, service=None):
         """Make the next resolve() of ``service`` (None: every service) ask the registry again.
@@ -151,52 +379,50 @@ class DiscoveryClient:
     def _generation(self, service):
         return self._all_invalidations, self._invalidations[service]
 
+    def begin(self, instance):
+        """Count a call in flight to ``instance`` until the returned Call's ``finish()``."""
+        with self._lock:
+            self._inflight[key_of(instance)] += 1
+        return Call(self, instance)
+
     @contextmanager
     def track(self, instance):
         """Count a call in flight to ``instance`` and feed its breaker with the outcome.
 
-        An OSError escaping the block (connection refused, timeouts: requests' errors are OSErrors)
-        or ``call.fail()`` counts as a failure; a clean exit as a success; other exceptions are the
-        caller's own and count as neither.
+        A connection error or timeout escaping the block (see ``is_instance_failure``), or
+        ``call.fail()``, counts as a failure; a clean exit as a success; other exceptions (the
+        caller's own, such as an invalid header) count as neither.
         """
-        key = key_of(instance)
-        call = Call(instance)
-        with self._lock:
-            self._inflight[key] += 1
+        call = self.begin(instance)
         try:
             yield call
-        except OSError:
-            call.fail()
+        except BaseException as exc:
+            call.finish(False if is_instance_failure(exc) else None)
             raise
-        except BaseException:
-            call = None
-            raise
-        finally:
-            with self._lock:
-                self._inflight[key] -= 1
-                if not self._inflight[key]:
-                    del self._inflight[key]
-            if call is not None:
-                self.report(instance, ok=not call.failed)
+        call.finish(True)
 
-    def report(self, instance, ok):
-        """Feed an instance's breaker with the outcome of a call made without track()."""
+    def report(self, instance, ok, started=None):
+        """Feed an instance's breaker with the outcome of a call made without track(); ``started``
+        (the client's clock): when the call began, so that a late success cannot close a breaker
+        that opened meanwhile."""
         key = key_of(instance)
         if ok:
-            if self.breakers.state(key) != "closed":
+            before = self.breakers.state(key)
+            self.breakers.success(key, started)
+            if before != "closed" and self.breakers.state(key) == "closed":
                 logger.info("Discovery: %s answered again; closing its circuit breaker", key)
-            self.breakers.success(key)
         elif self.breakers.failure(key):
             logger.warning("Discovery: opened the circuit breaker of %s (%s) for %.0f s",
-                           key, instance.url, self.breakers.cooldown)
+                           key, instance.url, self.breakers.cooldown_of(key))
 
     def inflight(self, instance):
         return self._inflight.get(key_of(instance), 0)
 
-    def instances(self, service):
-        """The usable instances of ``service`` (cache, health, fallback rules applied; breakers not)."""
+    def instances(self, service, *, tags=None, version=None):
+        """The usable instances of ``service`` (cache, health, fallback and tag/version rules applied;
+        breakers not)."""
         self._ensure_listener()
-        return self._usable(service)[0]
+        return _select(service, self._usable(service)[0], tags, version)
 
     def request(self, service, method, path, **kwargs):
         from discovery_app.http import request
@@ -206,12 +432,16 @@ class DiscoveryClient:
     def wait_listening(self, timeout=5.0):
         """Block until change events are being received (tests, start-up probes)."""
         self._ensure_listener()
-        return self._listener is not None and self._listener.ready.wait(timeout)
+        return self._hub is not None and self._hub.listener.ready.wait(timeout)
 
     def close(self):
-        if self._listener is not None:
-            self._listener.stop()
-            self._listener = None
+        """Leave the shared listener and close this thread's HTTP session. The client cannot be
+        used afterwards (ClientClosed): a closed client quietly starting again would leak."""
+        self._closed = True
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            with _hubs_lock:
+                hub.clients.discard(self)
         session = getattr(self._http, "session", None)
         if session is not None:
             session.close()
@@ -219,27 +449,25 @@ class DiscoveryClient:
     # -- internals -------------------------------------------------------------------------
 
     def _ensure_listener(self):
-        if self._pid != os.getpid():
-            # A forked child inherits the object but not the thread (nor may it share the socket),
-            # and the parent's calls in flight are not its own.
-            self._pid, self._listener = os.getpid(), None
-            self._inflight.clear()
+        if self._closed:
+            raise ClientClosed("this DiscoveryClient was closed; make a new one (or keep one per process open)")
         if not self.listen:
             return
-        if self._listener is None or not self._listener.alive:
+        hub = self._hub
+        if hub is None or not hub.listener.alive:
             with self._lock:
-                if self._listener is None or not self._listener.alive:
-                    self._listener = ChangeListener(
-                        keys.events_channel(), self._listener_connection, self.invalidate,
-                        lambda: self.invalidate(None), self.backoff_max,
-                    ).start()
+                if self._hub is None or not self._hub.listener.alive:
+                    self._hub = _hub_for(self)
 
-    def _listener_connection(self):
-        import redis
-
-        pool = self.registry.connection.connection_pool
-        return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class,
-                                                      **pool.connection_kwargs))
+    def _reset_after_fork(self):
+        self._lock = threading.Lock()
+        self.breakers.reset_after_fork()
+        if hasattr(self.strategy, "_lock"):
+            self.strategy._lock = threading.Lock()
+        self._inflight.clear()
+        self._fetching = {}
+        self._hub = None
+        self._http = threading.local()  # the parent's sessions hold the parent's sockets
 
     def _usable(self, service):
         """(healthy instances, degraded state or None, message) or ServiceNotAvailable."""
@@ -280,6 +508,29 @@ class DiscoveryClient:
             return entry, False, True
         if now < self._registry_down_until:
             return self._stale(service, entry)
+        # Single-flight: one refresh per service at a time. The others take the cached answer at
+        # once, or, with nothing cached, wait for that refresh (bounded by its Redis timeout).
+        with self._lock:
+            flight = self._fetching.get(service)
+            leader = flight is None
+            if leader:
+                flight = self._fetching[service] = threading.Event()
+        if not leader:
+            if entry is not None and entry.instances:
+                return entry, False, True
+            flight.wait(2 * self.redis_timeout + 1.0)
+            fetched = self._cache.get(service)
+            if fetched is not None and fetched is not entry:  # the refresh succeeded
+                return fetched, False, False
+            return self._stale(service, entry)
+        try:
+            return self._fetch(service, entry)
+        finally:
+            with self._lock:
+                del self._fetching[service]
+            flight.set()
+
+    def _fetch(self, service, entry):
         generation = self._generation(service)
         try:
             server_time, found = self.registry.fetch(service)
@@ -293,7 +544,7 @@ class DiscoveryClient:
         self._backoff = 0.0
         self._failures = 0
         self._registry_down_until = float("-inf")
-        entry = _Entry(found, self.clock(), server_time - time.time())
+        entry = self._preserve(service, entry, _Entry(found, self.clock(), server_time - time.time()), server_time)
         with self._lock:
             if self._generation(service) != generation:
                 # A change event arrived while this fetch was under way: what it read may predate
@@ -303,6 +554,35 @@ class DiscoveryClient:
         known = {key_of(i) for e in list(self._cache.values()) for i in e.instances}
         self.breakers.forget(known | {f"fallback:{url}" for urls in self.fallbacks.values() for url in urls})
         return entry, False, False
+
+    def _preserve(self, service, previous, entry, server_now):
+        """Self-preservation (as Eureka's): keep serving instances that were alive at the previous
+        fetch and have vanished without expiring (their heartbeat is younger than their TTL) or
+        being deregistered (no tombstone): Redis restarted empty or was flushed, and their next
+        heartbeat will register them again. Given up after SELF_PRESERVATION seconds."""
+        if not self.self_preservation or previous is None:
+            return entry
+        now = self.clock()
+        found = {key_of(i) for i in entry.instances}
+        kept = [i for i in previous.instances
+                if key_of(i) in previous.preserved and key_of(i) not in found and now < previous.preserved[key_of(i)]]
+        vanished = [i for i in previous.instances
+                    if key_of(i) not in previous.preserved and key_of(i) not in found and not i.is_fallback
+                    and server_now - i.last_heartbeat < i.ttl]
+        if vanished:
+            try:
+                removed = self.registry.tombstoned(service, [key_of(i) for i in vanished])
+            except TRANSIENT_ERRORS:
+                removed = set()
+            vanished = [i for i in vanished if key_of(i) not in removed]
+            if vanished:
+                logger.warning("Discovery: %s: %d instance(s) vanished from the registry without expiring or "
+                               "being deregistered (Redis restarted or flushed?); serving them for up to %.0f s "
+                               "until they register again", service, len(vanished), self.self_preservation)
+        entry.preserved = {key_of(i): previous.preserved.get(key_of(i), now + self.self_preservation)
+                           for i in kept + vanished}
+        entry.instances = entry.instances + kept + vanished
+        return entry
 
     def _stale(self, service, entry):
         if entry is None:
@@ -320,3 +600,24 @@ class DiscoveryClient:
         else:
             self._degraded[service] = state
             logger.warning("Discovery: %s: %s", service, message)
+
+
+def _select(service, instances, tags, version):
+    """The instances carrying every tag in ``tags`` whose version matches the glob ``version``."""
+    if not tags and version is None:
+        return instances
+    wanted = set([tags] if isinstance(tags, str) else tags or ())
+    chosen = [i for i in instances if wanted <= set(i.tags)
+              and (version is None or fnmatch.fnmatchcase(i.version, version))]
+    if not chosen:
+        raise ServiceNotAvailable(service, ServiceNotAvailable.NO_MATCH,
+                                  f"tags {sorted(wanted)}, version {version!r}; {len(instances)} usable instance(s)")
+    return chosen
+
+
+def _count_creation():
+    global _created
+    _created += 1
+    if _created == MANY_CLIENTS:
+        logger.warning("Discovery: %d DiscoveryClient objects made in this process; share one per process "
+                       "(each new one starts with an empty cache and fresh breakers)", MANY_CLIENTS)

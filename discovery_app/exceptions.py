@@ -18,6 +18,7 @@ class ServiceNotAvailable(DiscoveryError):
 
     NO_INSTANCES = "no instances are registered and no fallback is configured"
     ALL_UNHEALTHY = "every registered instance is unhealthy"
+    NO_MATCH = "no instance matches the tags and version asked for"
     REGISTRY_UNREACHABLE = "the registry is unreachable and there is neither a cached instance nor a fallback"
 
     def __init__(self, service, reason, detail=""):
@@ -25,3 +26,7 @@ class ServiceNotAvailable(DiscoveryError):
         self.reason = reason
         message = f"service {service!r} is not available: {reason}"
         super().__init__(f"{message} ({detail})" if detail else message)
+
+
+class ClientClosed(DiscoveryError, RuntimeError):
+    """``resolve()`` or ``request()`` on a DiscoveryClient after its ``close()``: make a new client."""

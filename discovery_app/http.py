@@ -1,62 +1,164 @@
 """``DiscoveryClient.request``: one HTTP call to a service, over requests.
 
-Picks an instance, counts the call in flight, feeds the instance's breaker (connection errors,
-timeouts and 5xx are failures), and retries an idempotent method once on another instance after
-a connection error or a 5xx. A non-idempotent call is never sent twice: the first instance may
-have acted on it. Sessions are per thread (requests does not promise a shared one is thread-safe)
-and per process.
+Picks an instance, counts the call in flight until its body is read or the response closed (also
+with ``stream=True``), feeds the instance's breaker (connection errors, timeouts, broken bodies, 5xx
+and 429 are failures; other 4xx and the caller's own errors, such as an invalid header, are not),
+and retries an idempotent method once on another instance after a connection error, a 5xx or 429,
+or (by default, see RETRY_READ_TIMEOUTS) a read timeout. A non-idempotent call is never sent twice: the first instance
+may have acted on it.
+
+Calls are stateless: cookies a response sets are not kept for later calls. A thread serves many end
+users in turn, and one user's downstream session cookie must never ride along with another user's
+call. Connections are still pooled, in one Session per thread (requests does not promise a shared
+one is thread-safe) and per process.
 """
+import http.cookiejar
 import logging
 import os
+import time
+import weakref
 
 import requests
+import urllib3
 
 from discovery_app.balancers import key_of
-from discovery_app.client import IDEMPOTENT_METHODS
+from discovery_app.client import IDEMPOTENT_METHODS, is_instance_failure
 
 logger = logging.getLogger("discovery_app.client")
 
 RETRYABLE_ERRORS = (requests.ConnectionError, requests.Timeout)
+# What reading a streamed body raises when the instance breaks off (requests' wrappers, or urllib3's
+# own for callers reading response.raw).
+BODY_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)
+
+
+class DeadlineExceeded(requests.Timeout):
+    """The call's ``deadline`` passed (connecting, waiting and reading the body all count)."""
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """Accept no cookie into the session's jar and send none from it (per-call cookies still go)."""
+
+    def set_ok(self, cookie, request):
+        return False
+
+    def return_ok(self, cookie, request):
+        return False
 
 
 def _session(client):
     local = client._http
     if getattr(local, "pid", None) != os.getpid():
-        local.session, local.pid = requests.Session(), os.getpid()
+        session = requests.Session()
+        session.cookies.set_policy(_NoCookies())
+        local.session, local.pid = session, os.getpid()
     return local.session
 
 
-def request(client, service, method, path, *, retry=None, **kwargs):
+def _track_body(response, call):
+    """Keep ``call`` in flight until the streamed body is consumed, fails, or the response closes."""
+    iter_content, close = response.iter_content, response.close
+
+    def tracked_iter_content(*args, **kwargs):
+        try:
+            yield from iter_content(*args, **kwargs)
+        except BODY_ERRORS:
+            call.finish(False)
+            raise
+        call.finish(True)
+
+    def tracked_close():
+        try:
+            close()
+        finally:
+            call.finish(True)
+
+    # .content, .text, .json() and iter_lines() all read through iter_content.
+    response.iter_content, response.close = tracked_iter_content, tracked_close
+    weakref.finalize(response, call.finish, None)  # dropped unread: out of flight, no verdict
+
+
+def _read_body(response, deadline):
+    """Read a body as requests would, but give up at ``deadline`` (a per-read timeout alone lets a
+    trickling body run on for ever)."""
+    chunks = []
+    try:
+        for chunk in response.iter_content(16 * 1024):
+            chunks.append(chunk)
+            if deadline is not None and time.monotonic() > deadline:
+                response.close()
+                raise DeadlineExceeded(f"the body of {response.url} was still arriving at the deadline")
+    except requests.ConnectionError as exc:
+        # requests reports a read timeout in the body as a ConnectionError: call it what it is.
+        if exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError):
+            raise requests.ReadTimeout(*exc.args, response=response) from exc
+        raise
+    response._content = b"".join(chunks)
+    response._content_consumed = True
+
+
+def _timeout_for(timeout, deadline):
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("the deadline passed before the call could be sent")
+    if timeout is None:
+        return left
+    if isinstance(timeout, tuple):
+        return tuple(None if t is None else min(t, left) for t in timeout)
+    return min(timeout, left)
+
+
+def request(client, service, method, path, *, retry=None, deadline=None, tags=None, version=None, **kwargs):
     """Send ``method path`` to an instance of ``service``; return the ``requests.Response``.
 
-    ``retry``: None retries idempotent methods only; True/False force it. Raises
-    ServiceNotAvailable when no instance can be resolved, or the last connection error.
+    ``retry``: None retries idempotent methods only; True/False force it. ``deadline``: seconds for
+    the whole call, retries and body included (default DISCOVERY["HTTP_DEADLINE"], None: no limit
+    beyond the per-read ``timeout``). Raises ServiceNotAvailable when no instance can be resolved,
+    DeadlineExceeded (a requests.Timeout), or the last connection error. ``tags``/``version``: as
+    for ``DiscoveryClient.resolve``.
     """
     method = method.upper()
     if not path.startswith("/"):
         path = "/" + path
-    kwargs.setdefault("timeout", client.http_timeout)
+    timeout = kwargs.pop("timeout", client.http_timeout)
+    stream = kwargs.pop("stream", False)
+    deadline = client.http_deadline if deadline is None else deadline
+    ends = None if deadline is None else time.monotonic() + deadline
     attempts = 2 if (method in IDEMPOTENT_METHODS if retry is None else retry) else 1
     tried = set()
     for attempt in range(1, attempts + 1):
-        instance = client.resolve(service, exclude=tried)
+        instance = client.resolve(service, exclude=tried, tags=tags, version=version)
         tried.add(key_of(instance))
         last = attempt == attempts
-        with client.track(instance) as call:
-            try:
-                response = _session(client).request(method, instance.url + path, **kwargs)
-            except RETRYABLE_ERRORS as exc:
-                call.fail()
-                if last:
-                    raise
-                logger.info("Discovery: %s %s on %s failed (%s); retrying on another instance",
-                            method, path, instance.url, exc)
+        call = client.begin(instance)
+        try:
+            response = _session(client).request(method, instance.url + path, stream=True,
+                                                timeout=_timeout_for(timeout, ends), **kwargs)
+            if not stream:
+                _read_body(response, ends)
+        except RETRYABLE_ERRORS as exc:
+            call.finish(False)
+            if last or isinstance(exc, DeadlineExceeded) or (
+                    isinstance(exc, requests.ReadTimeout) and not client.retry_read_timeouts):
+                raise
+            logger.info("Discovery: %s %s on %s failed (%s); retrying on another instance",
+                        method, path, instance.url, exc)
+            continue
+        except BaseException as exc:
+            call.finish(False if is_instance_failure(exc) else None)
+            raise
+        if response.status_code >= 500 or response.status_code == 429:
+            call.fail()
+            if not last:
+                logger.info("Discovery: %s %s on %s answered %s; retrying on another instance",
+                            method, path, instance.url, response.status_code)
+                response.close()
+                call.finish(False)
                 continue
-            if response.status_code >= 500:
-                call.fail()
-                if not last:
-                    logger.info("Discovery: %s %s on %s answered %s; retrying on another instance",
-                                method, path, instance.url, response.status_code)
-                    response.close()
-                    continue
-            return response
+        if stream:
+            _track_body(response, call)
+        else:
+            call.finish(True)  # reports the failure if call.fail() was called
+        return response

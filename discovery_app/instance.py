@@ -18,12 +18,18 @@ class Instance:
     last_heartbeat: float = 0.0  # epoch seconds, Redis server clock
     ttl: float = 0.0  # seconds; 0 for fallback endpoints, which have no heartbeat
     extra: dict = field(default_factory=dict, compare=False, hash=False)
-    scheme: str = "http"
+    scheme: str = "http"  # "https" for an instance that serves TLS
+    base_path: str = ""  # a fallback URL's path ("/orders-api"); registered instances serve at "/"
+    # Random per register() call: a process deregisters an id only while the record is its own, so
+    # an old process stopping cannot remove a newer one that reuses the same instance_id.
+    registration: str = field(default="", compare=False)
+    draining: bool = field(default=False, compare=False)  # set by an operator; not part of the record
+    failing: bool = field(default=False, compare=False)  # its registrar's active health check fails
 
     @property
     def url(self):
         host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{self.scheme}://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}{self.base_path}"
 
     @property
     def is_fallback(self):
@@ -37,16 +43,30 @@ class Instance:
         return self.is_fallback or self.heartbeat_age(now) < factor * self.ttl
 
     def to_json(self):
+        """The record as stored: what was registered. Times live beside it (see keys.beats_key)."""
         data = asdict(self)
         data["tags"] = list(self.tags)
-        data.pop("scheme")
-        return json.dumps(data, separators=(",", ":"))
+        for name in ("base_path", "registered_at", "last_heartbeat", "ttl", "draining", "failing"):
+            data.pop(name)
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
 
     @classmethod
-    def from_json(cls, text):
+    def from_json(cls, text, beat=None):
+        """An Instance from its stored record and its beat ("registered_at_ms last_heartbeat_ms ttl_ms";
+        records written before beats existed carry the times themselves)."""
         data = json.loads(text)
+        if beat:
+            registered_ms, heartbeat_ms, ttl_ms = beat.split()
+            registered_at, last_heartbeat, ttl = int(registered_ms) / 1000, int(heartbeat_ms) / 1000, int(ttl_ms) / 1000
+        else:
+            registered_at = float(data.get("registered_at") or 0.0)
+            last_heartbeat = float(data.get("last_heartbeat") or 0.0)
+            ttl = float(data.get("ttl") or 0.0)
         extra = data.get("extra")
-        return cls(
+        instance = object.__new__(cls)
+        # Filled in directly rather than through the frozen __init__ (one object.__setattr__ per
+        # field): a refresh builds every instance of the service, 10,000 of them at scale.
+        vars(instance).update(
             service=data["service"],
             instance_id=data["instance_id"],
             address=data["address"],
@@ -54,10 +74,16 @@ class Instance:
             version=data.get("version") or "",
             zone=data.get("zone") or None,
             weight=float(data.get("weight", 1.0)),
-            # cjson turns an empty list into {}; either way it is "no tags".
+            # Old records went through cjson, which turns an empty list into {}: "no tags" either way.
             tags=tuple(data.get("tags") or ()),
-            registered_at=float(data.get("registered_at") or 0.0),
-            last_heartbeat=float(data.get("last_heartbeat") or 0.0),
-            ttl=float(data.get("ttl") or 0.0),
+            registered_at=registered_at,
+            last_heartbeat=last_heartbeat,
+            ttl=ttl,
             extra=extra if isinstance(extra, dict) else {},
+            scheme=data.get("scheme") or "http",  # records written before schemes existed are http
+            base_path="",
+            registration=data.get("registration") or "",
+            draining=False,
+            failing=False,
         )
+        return instance

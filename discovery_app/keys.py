@@ -13,7 +13,7 @@ def _prefix():
 
 
 def records_key(service):
-    """HASH instance id -> JSON record."""
+    """HASH instance id -> JSON record, exactly as the registering process wrote it."""
     return f"{_prefix()}:{{{service}}}:instances"
 
 
@@ -27,13 +27,30 @@ def tombstones_key(service):
     return f"{_prefix()}:{{{service}}}:tombstones"
 
 
+def beats_key(service):
+    """HASH instance id -> "registered_at_ms last_heartbeat_ms ttl_ms" (Redis server time). Kept apart
+    from the record so that Lua never decodes and re-encodes what the service registered."""
+    return f"{_prefix()}:{{{service}}}:beats"
+
+
+def status_key(service):
+    """HASH instance id -> "draining" for instances an operator took out of rotation (reversible)."""
+    return f"{_prefix()}:{{{service}}}:status"
+
+
 def service_keys(service):
-    return [records_key(service), deadlines_key(service), tombstones_key(service)]
+    return [records_key(service), deadlines_key(service), tombstones_key(service), beats_key(service),
+            status_key(service)]
 
 
 def services_key():
     """SET of service names that have (or recently had) instances."""
     return f"{_prefix()}:services"
+
+
+def sweeper_key():
+    """STRING held for one second by the process that sweeps expired instances this second."""
+    return f"{_prefix()}:sweeper"
 
 
 def events_channel():

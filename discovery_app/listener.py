@@ -1,8 +1,10 @@
 """Change events (pub/sub) that tell a DiscoveryClient to drop a service's cache entry at once.
 
-One daemon thread per client, with a connection of its own made in that thread. When the
-subscription breaks, events may have been missed: the client is told to drop every entry once
-it is back (``on_reconnect``).
+One daemon thread per process and Redis server, shared by every DiscoveryClient there (see
+client._Hub), with a connection of its own made in that thread. It holds no reference to any
+client, so dropped clients are collected; it ends once ``idle()`` says nobody listens any more.
+When the subscription breaks, events may have been missed: every client is told to drop every
+entry once it is back (``on_reconnect``).
 """
 import json
 import logging
@@ -15,8 +17,11 @@ logger = logging.getLogger("discovery_app.client")
 
 
 class ChangeListener:
-    def __init__(self, channel, connect, on_event, on_reconnect, backoff_max=10.0):
+    def __init__(self, channel, connect, on_event, on_reconnect, backoff_max=10.0, idle=lambda: False,
+                 tick=None):
         self.channel = channel
+        self.idle = idle
+        self.tick = tick  # called about twice a second while subscribed (the expiry sweep)
         self.connect = connect
         self.on_event = on_event
         self.on_reconnect = on_reconnect
@@ -32,7 +37,7 @@ class ChangeListener:
 
     def stop(self, timeout=5.0):
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     @property
@@ -51,9 +56,14 @@ class ChangeListener:
                 self.ready.set()
                 failures = 0
                 while not self._stop.is_set():
+                    if self.idle():
+                        self._stop.set()
+                        break
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None:
                         self._dispatch(message["data"])
+                    if self.tick is not None:
+                        self.tick()
             except TRANSIENT_ERRORS as exc:
                 if self.ready.is_set():
                     logger.warning("Discovery: lost the change-event subscription (%s); retrying", exc)

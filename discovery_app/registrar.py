@@ -6,15 +6,25 @@ run a Registrar without handing sockets to the workers it forks, and exit hooks 
 those workers do nothing (only the process that started it deregisters). Redis outages are
 retried with capped back-off; the first heartbeat after one re-registers the instance if its
 record has gone.
+
+On SIGTERM (and SIGINT) the instance is deregistered at once, before the application's own drain:
+callers stop picking an instance that is about to stop. The handler only records the signal and
+wakes the thread, then chains to the handler that was there before (the application's, gunicorn's,
+Django's); when there was none, the thread deregisters and then lets the default action kill the
+process, as if nothing had been installed. A signal the application ignores is left alone.
 """
 import atexit
 import logging
 import os
+import select
+import signal
 import threading
 
 from discovery_app.conf import get_settings
-from discovery_app.connection import TRANSIENT_ERRORS, dedicated_connection
+from discovery_app.connection import TRANSIENT_ERRORS
+from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registry import ServiceRegistry, build_instance
+from discovery_app.short_timeout import dedicated_registry_connection
 from shoal_common.backoff import backoff_delay
 
 logger = logging.getLogger("discovery_app.registrar")
@@ -22,34 +32,63 @@ logger = logging.getLogger("discovery_app.registrar")
 
 class Registrar:
     def __init__(self, service, address, port, metadata=None, interval=None, registry=None,
-                 instance_id=None, ttl=None):
+                 instance_id=None, ttl=None, health_check=None, health_failures=3):
+        """``health_check``: None, a callable (truthy: passing; an exception: failing) or an http(s) URL
+        (2xx: passing), run before each heartbeat; after ``health_failures`` failures in a row the
+        instance is marked failing (clients skip it while others remain), and it is marked passing
+        again at the first success. The heartbeat itself goes on either way."""
         config = get_settings()
         # Validates now, in the caller, so a bad registration fails loudly instead of in a thread.
         self.instance = build_instance(service, address, port, metadata, instance_id)
         self.metadata = metadata
         self.interval = float(config["HEARTBEAT_INTERVAL"] if interval is None else interval)
         self.ttl = ttl
+        effective_ttl = float(config["TTL"] if ttl is None else ttl)
+        if not 0 < self.interval < effective_ttl:
+            raise InvalidRegistration(f"the heartbeat interval ({self.interval:g} s) must be positive and below the "
+                                      f"TTL ({effective_ttl:g} s), or the instance expires between heartbeats")
         self.backoff_max = config["RETRY_BACKOFF_MAX"]
         self.registry = registry
+        if isinstance(health_check, str) and not health_check.startswith(("http://", "https://")):
+            raise InvalidRegistration(f"health_check must be a callable or an http(s) URL, not {health_check!r}")
+        self.health_check = health_check
+        self.health_failures = int(health_failures)
+        self._failures = 0
+        self.failing = False
         self.registered = threading.Event()
         self.deregistered_by_operator = False
         self._first_attempt = threading.Event()
         self._stop = threading.Event()
         self._thread = None
         self._pid = None
-
+        self._wake_r = self._wake_w = None  # the signal handler's only way to reach the thread
+        self._signalled = None  # the signal number, set by the handler
+        self._previous_handlers = {}
+        self._deregistered = False
     @property
     def instance_id(self):
         return self.instance.instance_id
 
-    def start(self, wait=5.0):
-        """Start the heartbeat thread; wait up to ``wait`` s for the first registration attempt."""
+    def start(self, wait=5.0, signals=(signal.SIGTERM, signal.SIGINT)):
+        """Start the heartbeat thread; wait up to ``wait`` s for the first registration attempt.
+
+        ``signals``: deregister as soon as one arrives (chained to the previous handlers; only
+        possible from the main thread, skipped elsewhere). ``()`` to leave signals alone.
+        """
+        if self._thread is not None and self._pid == os.getpid():
+            return self  # already running
         self._pid = os.getpid()
         self._stop.clear()
+        self._first_attempt.clear()
+        self.deregistered_by_operator = False
+        self._signalled, self._deregistered = None, False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self.run, name=f"discovery-registrar-{self.instance.service}",
                                         daemon=True)
         self._thread.start()
         atexit.register(self.stop)
+        self._install_signal_handlers(signals)
         if wait:
             self._first_attempt.wait(wait)
         return self
@@ -59,33 +98,106 @@ class Registrar:
         if self._pid != os.getpid() or self._thread is None:
             return
         atexit.unregister(self.stop)
+        self._restore_signal_handlers()
         self._stop.set()
-        self._thread.join(timeout)
-        self._thread = None
+        self._wake()
+        thread, self._thread = self._thread, None
+        thread.join(timeout)
+        if not self._deregistered:
+            self._deregister()
+        if not thread.is_alive():  # a thread stuck on a hung Redis still selects on the pipe
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._wake_r = self._wake_w = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _install_signal_handlers(self, signals):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in signals:
+            previous = signal.getsignal(signum)
+            if previous in (signal.SIG_IGN, None):  # ignored on purpose, or not Python's to chain
+                continue
+            self._previous_handlers[signum] = previous
+            signal.signal(signum, self._handle_signal)
+
+    def _restore_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous_handlers.items():
+            if signal.getsignal(signum) == self._handle_signal:
+                signal.signal(signum, previous)
+        self._previous_handlers = {}
+
+    def _handle_signal(self, signum, frame):
+        # Record, wake the thread, chain. No logging, no Redis: this runs between two bytecodes of
+        # whatever the main thread was doing.
+        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if self._signalled is None:
+            self._signalled = signum
+            self._wake()
+        if previous == signal.SIG_DFL:
+            # Nobody else handles it: the thread deregisters, then re-sends it to die of it.
+            signal.signal(signum, signal.SIG_DFL)
+        elif callable(previous):
+            previous(signum, frame)
+
+    def _wake(self):
+        try:
+            os.write(self._wake_w, b"!")
+        except (OSError, TypeError):  # full (already woken) or closed by stop()
+            pass
+
+    def _sleep(self, seconds):
+        readable, _, _ = select.select([self._wake_r], [], [], seconds)
+        if readable:
+            os.read(self._wake_r, 64)
+
+    def _on_signal(self):
+        signum = self._signalled
+        logger.info("Discovery: %s: got %s; deregistering now, before the process drains",
+                    self.instance_id, signal.Signals(signum).name)
+        self._deregister()
+        if self._previous_handlers.get(signum) == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # the default action, now that callers have been told
+
+    def _deregister(self):
+        self._deregistered = True
+        self.registered.clear()
         try:
             self._registry().deregister(self.instance_id, service=self.instance.service)
         except TRANSIENT_ERRORS as exc:
             logger.warning("Discovery: could not deregister %s (%s); it expires after its TTL",
                            self.instance_id, exc)
-        self.registered.clear()
 
     def run(self):
         registry = self._registry()
         failures = 0
         registered = False
         while not self._stop.is_set():
+            if self._signalled is not None:
+                self._on_signal()
+                return
             try:
                 if not registered:
                     registry.register(self.instance.service, self.instance.address, self.instance.port,
                                       self.metadata, instance_id=self.instance_id)
                     registered = True
                     self.registered.set()
-                elif registry.heartbeat(self.instance_id) == "deregistered":
-                    self.deregistered_by_operator = True
-                    self.registered.clear()
-                    logger.warning("Discovery: %s was deregistered by someone else; heartbeats stop",
-                                   self.instance_id)
-                    return
+                    self._failures, self.failing = 0, False
+                else:
+                    outcome = registry.heartbeat(self.instance_id)
+                    if outcome == "deregistered":
+                        self.deregistered_by_operator = True
+                        self.registered.clear()
+                        logger.warning("Discovery: %s was deregistered by someone else; heartbeats stop",
+                                       self.instance_id)
+                        return
+                    if outcome == "reregistered":
+                        self._failures, self.failing = 0, False  # the health mark went with the record
+                if self.health_check is not None:
+                    self._check_health(registry)
                 if failures:
                     logger.info("Discovery: the registry is reachable again; %s is registered", self.instance_id)
                 failures = 0
@@ -103,10 +215,36 @@ class Registrar:
                 wait = backoff
             finally:
                 self._first_attempt.set()
-            self._stop.wait(wait)
+            self._sleep(wait)
+
+    def _check_health(self, registry):
+        passing = self._probe()
+        self._failures = 0 if passing else self._failures + 1
+        if not passing and not self.failing and self._failures >= self.health_failures:
+            registry.set_health(self.instance.service, self.instance_id, failing=True)
+            self.failing = True
+            logger.warning("Discovery: %s failed its health check %d times; clients skip it until it passes",
+                           self.instance_id, self._failures)
+        elif passing and self.failing:
+            registry.set_health(self.instance.service, self.instance_id, failing=False)
+            self.failing = False
+            logger.info("Discovery: %s passes its health check again", self.instance_id)
+
+    def _probe(self):
+        try:
+            if callable(self.health_check):
+                return bool(self.health_check())
+            import urllib.request
+
+            timeout = max(0.5, min(5.0, self.interval / 2))
+            with urllib.request.urlopen(self.health_check, timeout=timeout) as response:
+                return 200 <= response.status < 300
+        except Exception as exc:  # noqa: BLE001 - any error is a failed check
+            logger.debug("Discovery: health check of %s failed: %s", self.instance_id, exc)
+            return False
 
     def _registry(self):
         if self.registry is None:
             # Made lazily in whichever thread needs it; never in the process that forks workers' sockets.
-            self.registry = ServiceRegistry(dedicated_connection(), ttl=self.ttl)
+            self.registry = ServiceRegistry(dedicated_registry_connection(), ttl=self.ttl)
         return self.registry

@@ -8,6 +8,7 @@ Redis server's clock (TIME), so clients with skewed clocks agree on who is alive
 """
 import ipaddress
 import logging
+import math
 import os
 import re
 import socket
@@ -18,9 +19,9 @@ from redis.commands.core import Script
 
 from discovery_app import keys
 from discovery_app.conf import setting
-from discovery_app.connection import get_connection
 from discovery_app.exceptions import InvalidRegistration, UnknownInstance
 from discovery_app.instance import Instance
+from discovery_app.short_timeout import registry_connection
 from shoal_common.text import to_text
 
 logger = logging.getLogger("discovery_app.registry")
@@ -35,6 +36,8 @@ local function prune(service)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, id in ipairs(dead) do
     redis.call('HDEL', KEYS[1], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id, 'health:' .. id)
     redis.call('ZREM', KEYS[2], id)
     publish('expired', service, id)
   end
@@ -42,49 +45,60 @@ local function prune(service)
 end
 """
 
-# KEYS: records, deadlines, tombstones. ARGV: channel, service, id, mode, ttl_ms, tombstone_ms, record.
-# mode "register" writes ARGV[7] and clears a tombstone; "heartbeat" refreshes the stored record, or
-# writes ARGV[7] again when the record is gone (expired, flushed) unless the id was deregistered.
+# KEYS: records, deadlines, tombstones, beats.
+# ARGV: channel, service, id, mode, ttl_ms, tombstone_ms, record, registered_at_ms (0: unknown).
+# mode "register" writes ARGV[7] and clears a tombstone; "heartbeat" refreshes the beat, or writes
+# ARGV[7] again when the record is gone (expired, flushed) unless the id was deregistered. The record
+# is stored as given and never decoded here: cjson would turn 12345678901234567 into 1.2345678901235e+16
+# and [] into {}. Times live in the beats hash.
 _WRITE = Script(None, (_PRELUDE + """
 local service, id, mode, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 prune(service)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[6]))
-local current = redis.call('HGET', KEYS[1], id)
-local record, outcome
-if mode == 'heartbeat' and current then
-  record = cjson.decode(current)
+local registered_at, outcome
+if mode == 'heartbeat' and redis.call('HEXISTS', KEYS[1], id) == 1 then
+  local beat = redis.call('HGET', KEYS[4], id)
+  registered_at = (beat and tonumber(string.match(beat, '^(%d+)'))) or now
   outcome = 'alive'
 else
   if mode == 'heartbeat' and redis.call('ZSCORE', KEYS[3], id) then
     return {'deregistered', now}
   end
-  record = cjson.decode(ARGV[7])
+  redis.call('HSET', KEYS[1], id, ARGV[7])
   redis.call('ZREM', KEYS[3], id)
+  if mode == 'register' then redis.call('HDEL', KEYS[5], id, 'health:' .. id) end  -- a new process starts in rotation
+  registered_at = now
   if mode == 'register' then
-    record['registered_at'] = now / 1000
     outcome = 'registered'
   else
-    if (tonumber(record['registered_at']) or 0) == 0 then record['registered_at'] = now / 1000 end
-    outcome = 'reregistered'
+    outcome = 'reregistered'  -- the same instance, back after its record was lost: keep its age
+    if tonumber(ARGV[8]) > 0 then registered_at = tonumber(ARGV[8]) end
   end
   publish(outcome, service, id)
 end
-record['last_heartbeat'] = now / 1000
-record['ttl'] = ttl / 1000
-redis.call('HSET', KEYS[1], id, cjson.encode(record))
+redis.call('HSET', KEYS[4], id, string.format('%d %d %d', registered_at, now, ttl))
 redis.call('ZADD', KEYS[2], now + ttl, id)
 -- An abandoned service (every instance gone silent, nobody reading) vanishes on its own.
-for i = 1, 2 do
+for _, i in ipairs({1, 2, 4, 5}) do
   if redis.call('PTTL', KEYS[i]) < 2 * ttl then redis.call('PEXPIRE', KEYS[i], 2 * ttl) end
 end
 return {outcome, now}
 """).encode())
 
-# KEYS: records, deadlines, tombstones. ARGV: channel, service, id, tombstone_ms.
+# KEYS: records, deadlines, tombstones, beats. ARGV: channel, service, id, tombstone_ms, registration.
+# A non-empty registration removes the record only if it is still that registration's: -1 otherwise
+# (someone registered the same id since), and no tombstone, which would stop the newer one's heartbeats.
 _DEREGISTER = Script(None, (_PRELUDE + """
-local service, id = ARGV[2], ARGV[3]
+local service, id, registration = ARGV[2], ARGV[3], ARGV[5]
 prune(service)
+if registration ~= '' then
+  local current = redis.call('HGET', KEYS[1], id)
+  if not current then return 0 end
+  if cjson.decode(current)['registration'] ~= registration then return -1 end
+end
 local removed = redis.call('HDEL', KEYS[1], id)
+redis.call('HDEL', KEYS[4], id)
+redis.call('HDEL', KEYS[5], id, 'health:' .. id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZADD', KEYS[3], now, id)
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
@@ -92,12 +106,37 @@ if removed == 1 then publish('deregistered', service, id) end
 return removed
 """).encode())
 
-# KEYS: records, deadlines. ARGV: channel, service. Returns {now_ms, id1, json1, id2, json2, ...}.
+# KEYS: records, deadlines, tombstones, beats, status. ARGV: channel, service.
+# Returns {now_ms, {id1, json1, ...}, {id1, beat1, ...}, {id, status, ...}}.
 _READ = Script(None, (_PRELUDE + """
 prune(ARGV[2])
-local out = redis.call('HGETALL', KEYS[1])
-table.insert(out, 1, now)
-return out
+return {now, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+""").encode())
+
+# KEYS: all five. ARGV: channel, service, id, field, value ("" removes it), event.
+# The status hash holds the operator's "draining" under the instance id and the registrar's health
+# check under "health:<id>", so neither undoes the other. 1 if the instance is registered, else 0.
+_SET_STATUS = Script(None, (_PRELUDE + """
+prune(ARGV[2])
+if redis.call('HEXISTS', KEYS[1], ARGV[3]) == 0 then return 0 end
+if ARGV[5] == '' then
+  if redis.call('HDEL', KEYS[5], ARGV[4]) == 0 then return 1 end
+else
+  if redis.call('HGET', KEYS[5], ARGV[4]) == ARGV[5] then return 1 end
+  redis.call('HSET', KEYS[5], ARGV[4], ARGV[5])
+  redis.call('PEXPIRE', KEYS[5], math.max(redis.call('PTTL', KEYS[1]), 1000))
+end
+publish(ARGV[6], ARGV[2], ARGV[3])
+return 1
+""").encode())
+
+
+SCHEMES = ("http", "https")
+
+
+# KEYS: records, deadlines, tombstones, beats. ARGV: channel, service. Prunes only (a sweep).
+_PRUNE = Script(None, (_PRELUDE + """
+return prune(ARGV[2])
 """).encode())
 
 
@@ -154,11 +193,14 @@ def build_instance(service, address, port, metadata=None, instance_id=None):
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise InvalidRegistration(f"port must be an integer from 1 to 65535, not {port!r}")
     weight = metadata.pop("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-        raise InvalidRegistration(f"weight must be a number >= 0, not {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+        raise InvalidRegistration(f"weight must be a finite number >= 0, not {weight!r}")
     tags = metadata.pop("tags", ()) or ()
     if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags):
         raise InvalidRegistration(f"tags must be a list of strings, not {tags!r}")
+    scheme = metadata.pop("scheme", "http") or "http"
+    if scheme not in SCHEMES:
+        raise InvalidRegistration(f"scheme must be one of {', '.join(SCHEMES)}, not {scheme!r}")
     if instance_id is not None and (not isinstance(instance_id, str) or not instance_id):
         raise InvalidRegistration(f"instance_id must be a non-empty string, not {instance_id!r}")
     return Instance(
@@ -171,6 +213,7 @@ def build_instance(service, address, port, metadata=None, instance_id=None):
         weight=float(weight),
         tags=tuple(tags),
         extra=metadata,
+        scheme=scheme,
     )
 
 
@@ -185,13 +228,15 @@ class ServiceRegistry:
 
     @property
     def connection(self):
-        # Looked up on every use: django-redis hands each (forked) process its own client.
-        return self._connection if self._connection is not None else get_connection()
+        # Looked up on every use: django-redis hands each (forked) process its own pool, and the
+        # registry's calls get DISCOVERY["REDIS_TIMEOUT"] rather than the shared pool's 30 s.
+        return self._connection if self._connection is not None else registry_connection()
 
     # -- writers ---------------------------------------------------------------------------
 
     def register(self, service, address, port, metadata=None, instance_id=None, pipeline=None):
-        instance = build_instance(service, address, port, metadata, instance_id)
+        instance = replace(build_instance(service, address, port, metadata, instance_id),
+                           registration=uuid.uuid4().hex)
         self._owned[instance.instance_id] = instance
         _, now = self._write(instance, "register", pipeline)
         if now is not None:  # not pipelined: it is done
@@ -232,10 +277,15 @@ class ServiceRegistry:
         conn = pipeline if pipeline is not None else self.connection
         result = _DEREGISTER(
             keys=keys.service_keys(service),
-            args=[keys.events_channel(), service, instance_id, int(setting("TOMBSTONE_TTL") * 1000)],
+            args=[keys.events_channel(), service, instance_id, int(setting("TOMBSTONE_TTL") * 1000),
+                  owned.registration if owned else ""],
             client=conn,
         )
         if pipeline is None:
+            if result == -1:
+                logger.warning("Discovery: left %s of %s registered: another process registered the same "
+                               "instance id since", instance_id, service)
+                return False
             logger.info("Discovery: deregistered %s of %s", instance_id, service)
             return bool(result)
         return None
@@ -248,7 +298,8 @@ class ServiceRegistry:
         _WRITE(
             keys=keys.service_keys(instance.service),
             args=[keys.events_channel(), instance.service, instance.instance_id, mode,
-                  int(self.ttl * 1000), int(setting("TOMBSTONE_TTL") * 1000), instance.to_json()],
+                  int(self.ttl * 1000), int(setting("TOMBSTONE_TTL") * 1000), instance.to_json(),
+                  int(instance.registered_at * 1000)],
             client=pipe,
         )
         if pipeline is not None:
@@ -266,15 +317,73 @@ class ServiceRegistry:
         """(Redis server time in epoch seconds, live instances): the clock lets a caller judge
         heartbeat ages without trusting its own."""
         validate_service(service)
-        reply = _READ(keys=keys.service_keys(service)[:2], args=[keys.events_channel(), service],
+        reply = _READ(keys=keys.service_keys(service), args=[keys.events_channel(), service],
                       client=self.connection)
+        records, beats, status = reply[1], reply[2], reply[3]
+        beat_of = {_text(beats[n]): _text(beats[n + 1]) for n in range(0, len(beats), 2)}
+        marks = {(_text(status[n]), _text(status[n + 1])) for n in range(0, len(status), 2)}
+        draining = {field for field, value in marks if value == "draining"}
+        failing = {field.removeprefix("health:") for field, value in marks if value == "failing"}
         found = []
-        for raw in reply[2::2]:
+        for n in range(0, len(records), 2):
+            instance_id, raw = _text(records[n]), records[n + 1]
             try:
-                found.append(Instance.from_json(_text(raw)))
+                instance = Instance.from_json(_text(raw), beat_of.get(instance_id))
+                if instance_id in draining or instance_id in failing:
+                    instance = replace(instance, draining=instance_id in draining, failing=instance_id in failing)
+                found.append(instance)
             except (ValueError, KeyError, TypeError):
                 logger.warning("Discovery: skipping an unreadable record of %s: %r", service, raw[:200])
         return int(reply[0]) / 1000, sorted(found, key=lambda i: i.instance_id)
+
+    def set_draining(self, service, instance_id, draining=True):
+        """Take an instance out of rotation (clients stop picking it while others remain) or put it
+        back, without touching its process; heartbeats keep it registered meanwhile. Returns False
+        if it is not registered."""
+        validate_service(service)
+        done = _SET_STATUS(keys=keys.service_keys(service),
+                           args=[keys.events_channel(), service, instance_id, instance_id,
+                                 "draining" if draining else "", "draining" if draining else "undrained"],
+                           client=self.connection)
+        if done:
+            logger.info("Discovery: %s of %s %s", instance_id, service, "is draining" if draining else "is back in rotation")
+        return bool(done)
+
+    def set_health(self, service, instance_id, failing):
+        """Record the outcome of an instance's active health check (Registrar ``health_check``):
+        failing instances are skipped by clients while others remain. False if not registered."""
+        validate_service(service)
+        return bool(_SET_STATUS(keys=keys.service_keys(service),
+                                args=[keys.events_channel(), service, instance_id, f"health:{instance_id}",
+                                      "failing" if failing else "", "failing" if failing else "passing"],
+                                client=self.connection))
+
+    def tombstoned(self, service, instance_ids):
+        """The ids among ``instance_ids`` deregistered in the last TOMBSTONE_TTL."""
+        validate_service(service)
+        if not instance_ids:
+            return set()
+        scores = self.connection.zmscore(keys.service_keys(service)[2], instance_ids)
+        return {instance_id for instance_id, score in zip(instance_ids, scores) if score is not None}
+
+    def sweep(self, period=1.0):
+        """Expire (and announce) every instance whose deadline has passed, in every service, unless
+        another process swept in the last ``period`` seconds. Returns the number expired, or None
+        when it was someone else's turn. Without it an expiry is noticed only when somebody next
+        touches the service; DiscoveryClients' shared listeners call it every second."""
+        conn = self.connection
+        if not conn.set(keys.sweeper_key(), os.getpid(), nx=True, px=max(1, int(period * 1000))):
+            return None
+        names = sorted(_text(name) for name in conn.smembers(keys.services_key()))
+        if not names:
+            return 0
+        pipe = conn.pipeline(transaction=False)
+        for name in names:
+            _PRUNE(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
+        expired = sum(pipe.execute())
+        if expired:
+            logger.info("Discovery: the sweep expired %d instance(s)", expired)
+        return expired
 
     def services(self):
         """Names of the services with at least one live instance, sorted.
@@ -288,10 +397,10 @@ class ServiceRegistry:
             return []
         pipe = conn.pipeline(transaction=False)
         for name in names:
-            _READ(keys=keys.service_keys(name)[:2], args=[keys.events_channel(), name], client=pipe)
+            _READ(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
         replies = pipe.execute()
-        alive = [name for name, reply in zip(names, replies) if len(reply) > 1]
-        gone = [name for name, reply in zip(names, replies) if len(reply) <= 1]
+        alive = [name for name, reply in zip(names, replies) if reply[1]]
+        gone = [name for name, reply in zip(names, replies) if not reply[1]]
         if gone:
             conn.srem(keys.services_key(), *gone)
         return alive

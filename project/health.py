@@ -4,6 +4,7 @@ Served by a middleware at the top of the stack rather than a URL: probes come fr
 with a pod IP as Host, which ALLOWED_HOSTS would refuse, and they need no session, CSRF or auth.
 """
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -65,6 +66,20 @@ def run_checks(timeout, checks=None):
         pool.shutdown(wait=False)  # a hung check must not hold the probe past its timeout
 
 
+def discovery_registration():
+    """The gunicorn master's registration supervisor's last word (project/web_supervision.py):
+    state, pid, restarts. None outside gunicorn. Shown, not failed on: the instance serves fine
+    while its registration restarts, and the supervisor restarts it within seconds."""
+    path = os.environ.get("SHOAL_WEB_REGISTRATION_STATUS")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        return {"state": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+
+
 def readiness():
     started = time.monotonic()
     results = run_checks(settings.READYZ_TIMEOUT)
@@ -75,6 +90,9 @@ def readiness():
         "checks": results,
         "seconds": round(time.monotonic() - started, 3),
     }
+    registration = discovery_registration()
+    if registration is not None:
+        body["discovery_registration"] = registration
     response = HttpResponse(json.dumps(body), status=503 if failing else 200, content_type="application/json")
     # A 503 here is an answer about Redis or the database, not an error of this request: without this,
     # django.request logs an ERROR on every probe (360 an hour per pod at Kubernetes' default period).

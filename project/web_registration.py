@@ -1,9 +1,12 @@
 """Keep this gunicorn instance registered in the discovery registry, from a process of its own.
 
-    python -m project.web_registration ADDRESS PORT [METADATA_JSON]
+    python -m project.web_registration ADDRESS PORT [METADATA_JSON [INSTANCE_ID]]
 
-gunicorn.conf.py starts it in ``when_ready`` and it lives until its stdin closes (the master exited,
-or died: the pipe closes either way) or it gets TERM/INT; then it deregisters. It is a child of the
+gunicorn.conf.py starts it in ``when_ready`` (project/web_supervision.py supervises it: restarted
+when it dies, with the same INSTANCE_ID) and it lives until its stdin closes (the master exited,
+or died: the pipe closes either way) or it gets TERM/INT; then it deregisters. On TERM/INT the
+Registrar's own handler deregisters at once; the master sends TERM as soon as it is told to stop,
+before its drain. It is a child of the
 master rather than code in the master because registering needs Django and the app's settings, and
 whatever the master imports is inherited, unreloaded, by every worker forked after a HUP: the master
 imports no app code, so that ``kill -HUP`` loads new code.
@@ -14,6 +17,7 @@ heartbeats and re-registers after Redis outages by itself.
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -29,12 +33,13 @@ def _wait_for_eof(done):
             pass
     except OSError:
         pass
-    done.set()
+    done.put("eof")
 
 
 def main(argv):
     address, port = argv[0], int(argv[1])
     metadata = json.loads(argv[2]) if len(argv) > 2 else {}
+    instance_id = argv[3] if len(argv) > 3 else None
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     import django
 
@@ -43,15 +48,25 @@ def main(argv):
 
     from discovery_app.registrar import Registrar
 
-    done = threading.Event()
+    done = queue.SimpleQueue()  # safe to put on from a signal handler
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda signum, frame: done.put(signum))
     threading.Thread(target=_wait_for_eof, args=(done,), daemon=True).start()
-    registrar = Registrar(settings.WEB_SERVICE_NAME, address, port, metadata=metadata)
-    registrar.start()
-    logger.info("Web registration: %s at %s:%s registered", settings.WEB_SERVICE_NAME, address, port)
-    while not done.wait(1.0):
-        pass
+    # The instance's own /readyz before each heartbeat: when Redis or the database stop answering it,
+    # clients skip this instance (over TLS the certificate may not match the address: no check).
+    host = f"[{address}]" if ":" in address else address
+    health = f"http://{host}:{port}/readyz" if metadata.get("scheme", "http") == "http" else None
+    registrar = Registrar(settings.WEB_SERVICE_NAME, address, port, metadata=metadata, instance_id=instance_id,
+                          health_check=health)
+    registrar.start()  # chains its own TERM/INT handler in front: it deregisters at once
+    logger.info("Web registration: %s at %s:%s registered as %s", settings.WEB_SERVICE_NAME, address, port,
+                registrar.instance_id)
+    while True:
+        try:
+            done.get(timeout=1.0)
+            break
+        except queue.Empty:
+            pass
     registrar.stop()
     logger.info("Web registration: %s at %s:%s deregistered", settings.WEB_SERVICE_NAME, address, port)
     return 0

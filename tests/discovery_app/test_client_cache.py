@@ -94,7 +94,9 @@ def test_client_recovers_when_redis_comes_back(redis_factory, use_redis, client_
     assert any("back to normal" in r.getMessage() for r in caplog.records)
 
 
-def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed(redis_factory, use_redis, client_factory):
+def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed(redis_factory, use_redis, client_factory,
+                                                                                 settings):
+    settings.DISCOVERY = {"SELF_PRESERVATION": 0}  # about the listener: the old instance may go at once
     server = redis_factory()
     use_redis(server)
     old = ServiceRegistry().register("orders", "h", 1)
@@ -102,7 +104,7 @@ def test_listener_survives_a_redis_restart_and_refreshes_what_it_may_have_missed
     assert client.wait_listening(timeout=10)
     assert ids(client.instances("orders")) == [old.instance_id]
     server.stop()
-    wait_for(lambda: not client._listener.ready.is_set(), timeout=10, what="the listener to notice the outage")
+    wait_for(lambda: not client._hub.listener.ready.is_set(), timeout=10, what="the listener to notice the outage")
     server.start()  # empty: whatever happened meanwhile was never announced to this client
     new = ServiceRegistry().register("orders", "h", 2)
     assert client.wait_listening(timeout=15)

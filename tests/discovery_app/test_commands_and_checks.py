@@ -7,6 +7,7 @@ from django.core.management.base import CommandError
 
 from discovery_app.checks import check_discovery_settings
 from discovery_app.registry import ServiceRegistry
+from tests.waiting import wait_for
 
 
 def run(*args):
@@ -61,6 +62,11 @@ def test_checks_accept_the_defaults_and_a_sensible_config(settings):
     ({"STRATEGY": "fastest"}, ["discovery_app.E004"]),
     ({"FALLBACKS": {"orders": "http://x:1"}}, ["discovery_app.E005"]),
     ({"FALLBACKS": {"orders": ["ftp://x"]}}, ["discovery_app.E005"]),
+    ({"FALLBACKS": {"orders": ["http://x:99999"]}}, ["discovery_app.E005"]),
+    ({"FALLBACKS": {"orders": ["http://x:80a"]}}, ["discovery_app.E005"]),
+    ({"FALLBACKS": {"orders": ["http://user:secret@x:80"]}}, ["discovery_app.E005"]),
+    ({"RETRY_READ_TIMEOUTS": "no"}, ["discovery_app.E010"]),
+    ({"HTTP_DEADLINE": -1}, ["discovery_app.E010"]),
     ({"HEARTBEAT_INTERVAL": 30}, ["discovery_app.E006"]),
     ({"HEARTBEAT_INTERVAL": 20}, ["discovery_app.W001"]),
     ({"ZONE": 3}, ["discovery_app.E007"]),
@@ -76,3 +82,42 @@ def test_settings_change_is_picked_up(registry, settings):
     instance = ServiceRegistry().register("orders", "h", 1)
     assert instance.ttl == 7
     assert registry.connection.exists("sd:{orders}:instances") == 1
+
+
+def test_a_fallback_keeps_its_base_path(registry):
+    from discovery_app.client import DiscoveryClient
+
+    client = DiscoveryClient(listen=False, fallbacks={"orders": ["http://gateway.internal/orders-api/"]})
+    instance = client.resolve("orders")
+    assert (instance.address, instance.port, instance.url) == ("gateway.internal", 80, "http://gateway.internal:80/orders-api")
+
+
+def test_an_operator_drains_an_instance_and_brings_it_back_without_restarting_it(registry, redis):
+    import time as _time
+
+    from discovery_app.client import DiscoveryClient
+    from discovery_app.registrar import Registrar
+
+    registrar = Registrar("orders", "10.0.0.1", 8000, interval=0.2).start(signals=())
+    other = registry.register("orders", "10.0.0.2", 8000)
+    client = DiscoveryClient(cache_ttl=3600)
+    try:
+        assert client.wait_listening(10)
+        assert {client.resolve("orders").address for _ in range(40)} == {"10.0.0.1", "10.0.0.2"}
+        out = io.StringIO()
+        call_command("discover", "orders", "--drain", registrar.instance_id, stdout=out, no_color=True)
+        assert "draining" in out.getvalue()
+        wait_for(lambda: {client.resolve("orders").address for _ in range(40)} == {"10.0.0.2"}, timeout=10,
+                 what="clients to stop picking the draining instance")
+        _time.sleep(0.6)  # a few heartbeats: they do not undo the operator's decision
+        assert {client.resolve("orders").address for _ in range(40)} == {"10.0.0.2"}
+        assert "draining" in run("orders") and json.loads(run("orders", "--json"))["instances"][0]["draining"] in (True, False)
+        call_command("discover", "orders", "--undrain", registrar.instance_id, stdout=io.StringIO())
+        wait_for(lambda: {client.resolve("orders").address for _ in range(40)} == {"10.0.0.1", "10.0.0.2"}, timeout=10,
+                 what="the instance back in rotation")
+        registry.deregister(other)
+        with pytest.raises(CommandError, match="not registered"):
+            call_command("discover", "orders", "--drain", other.instance_id, stdout=io.StringIO())
+    finally:
+        client.close()
+        registrar.stop()

@@ -1,6 +1,9 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -156,3 +159,136 @@ def test_a_redis_error_that_is_not_a_disconnect_does_not_kill_the_heartbeats(red
     assert registrar._thread.is_alive(), "the heartbeat thread died on the OOM error"
     redis.delete(*redis.keys("*"))  # the instance must come back by itself: only a live thread can do that
     wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=15, what="registered again after the OOM")
+
+
+def test_start_after_stop_registers_again_and_forgets_the_operators_deregistration(redis, registrars):
+    registrar = registrars("orders", "h", 1, interval=0.1).start()
+    ServiceRegistry().deregister(registrar.instance_id, service="orders")
+    wait_for(lambda: registrar.deregistered_by_operator, timeout=10, what="the registrar to notice")
+    registrar.stop()
+    registrar.start()
+    assert registrar.registered.is_set()
+    assert not registrar.deregistered_by_operator
+    assert ids("orders") == [registrar.instance_id]
+    registrar.stop()
+    registrar.start()
+    assert registrar.registered.is_set() and ids("orders") == [registrar.instance_id]
+
+
+def test_an_old_process_stopping_does_not_deregister_the_new_one_with_the_same_id(redis, registrars):
+    old = registrars("orders", "old-host", 1, interval=0.1, instance_id="orders-1").start()
+    new = registrars("orders", "new-host", 1, interval=0.1, instance_id="orders-1").start()
+    [instance] = ServiceRegistry().instances("orders")
+    assert instance.address == "new-host"
+    old.stop()
+    [instance] = ServiceRegistry().instances("orders")
+    assert instance.address == "new-host"
+    # The new one keeps heartbeating: its heartbeats advance and nothing told it to stop.
+    first = instance.last_heartbeat
+    wait_for(lambda: ServiceRegistry().instances("orders")[0].last_heartbeat > first + 0.3, timeout=10,
+             what="the new registration's heartbeats")
+    assert not new.deregistered_by_operator and new.registered.is_set()
+    new.stop()
+    assert ids("orders") == []
+
+
+REGISTRAR_SCRIPT = """
+import os, signal, sys, time
+import django
+django.setup()
+from discovery_app.registrar import Registrar
+mode = sys.argv[1]
+if mode == "handler":
+    def drain(signum, frame):
+        print("app handler ran", flush=True)
+    signal.signal(signal.SIGTERM, drain)
+registrar = Registrar("orders", "10.0.0.1", 80, interval=0.2).start()
+print("started", registrar.instance_id, flush=True)
+if mode == "handler":
+    time.sleep(60)  # the application's own drain, still serving
+    print("drained", flush=True)
+else:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "handler"])
+def test_sigterm_deregisters_at_once_and_keeps_the_applications_own_handling(redis_server, redis, mode):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url,
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", REGISTRAR_SCRIPT, mode], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        wait_for(lambda: any(line.startswith("started") for line in lines), timeout=30, what="the registrar started")
+        assert len(ServiceRegistry().instances("orders")) == 1
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: ServiceRegistry().instances("orders") == [], timeout=15, what="deregistration on SIGTERM")
+        if mode == "default":
+            assert proc.wait(15) == -signal.SIGTERM  # then the default action: the process dies of it
+        else:
+            deadline = time.monotonic() + 30
+            while "app handler ran\n" not in lines and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "app handler ran\n" in lines, ("".join(lines), proc.poll())
+            assert proc.poll() is None  # chained: the application decides when to exit
+            assert "drained\n" not in lines
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--weight", "nan"], "weight"),
+    (["--weight", "inf"], "weight"),
+    (["--interval", "30", "--ttl", "30"], "interval"),
+    (["--address", "not a host!"], "address"),
+])
+def test_register_command_refuses_values_that_would_fail_later(redis_server, args, message):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    base = {"--address": "10.0.0.1", "--port": "80"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["orders", *[part for pair in base.items() for part in pair]]
+    proc = ConsumerProcess(argv, env, command="register")
+    assert proc.wait(timeout=30) != 0
+    output = proc.output()
+    assert ("CommandError" in output or "error: argument" in output) and message in output, output
+    assert "Traceback" not in output, output
+    assert ServiceRegistry().instances("orders") == []
+
+
+def test_an_active_health_check_takes_a_failing_instance_out_and_brings_it_back(redis, registrars, http_service):
+    from discovery_app.client import DiscoveryClient
+
+    healthy = {"ok": True}
+    sick = registrars("orders", "10.0.0.1", 80, interval=0.1, health_check=lambda: healthy["ok"],
+                      health_failures=2).start(signals=())
+    ServiceRegistry().register("orders", "10.0.0.2", 80)
+    client = DiscoveryClient(cache_ttl=3600)
+    try:
+        assert client.wait_listening(10)
+        assert {client.resolve("orders").address for _ in range(40)} == {"10.0.0.1", "10.0.0.2"}
+        healthy["ok"] = False
+        wait_for(lambda: {client.resolve("orders").address for _ in range(40)} == {"10.0.0.2"}, timeout=10,
+                 what="clients to skip the instance whose check fails")
+        [marked] = [i for i in ServiceRegistry().instances("orders") if i.address == "10.0.0.1"]
+        assert marked.failing and sick.registered.is_set()  # still registered, heartbeating
+        healthy["ok"] = True
+        wait_for(lambda: {client.resolve("orders").address for _ in range(40)} == {"10.0.0.1", "10.0.0.2"}, timeout=10,
+                 what="the instance back once its check passes")
+    finally:
+        client.close()
+
+
+def test_a_health_check_url_is_probed_with_get(redis, registrars, http_service):
+    service = http_service("readyz", status=503)
+    registrar = registrars("orders", "10.0.0.1", 80, interval=0.1,
+                           health_check=f"http://127.0.0.1:{service.port}/readyz", health_failures=1).start(signals=())
+    wait_for(lambda: ServiceRegistry().instances("orders") and ServiceRegistry().instances("orders")[0].failing,
+             timeout=10, what="the failing URL check to mark the instance")
+    assert ("GET", "/readyz") in service.hits
+    service.status = 200
+    wait_for(lambda: not ServiceRegistry().instances("orders")[0].failing, timeout=10, what="recovery")
+    assert registrar.registered.is_set()

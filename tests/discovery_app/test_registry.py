@@ -150,3 +150,43 @@ def test_unreadable_record_is_skipped_not_fatal(registry, redis):
 
 def test_pid_is_in_generated_ids(registry):
     assert f"-{os.getpid()}-" in registry.register("orders", "h", 1).instance_id
+
+
+@pytest.mark.parametrize("metadata, address", [
+    ({"weight": float("nan")}, "10.0.0.1"),
+    ({"weight": float("inf")}, "10.0.0.1"),
+    ({}, "not a host!"),
+    ({}, "host_with_underscore..example"),
+    ({}, "-leading.example"),
+])
+def test_unregistrable_values_are_refused_before_redis(registry, metadata, address):
+    with pytest.raises(InvalidRegistration):
+        registry.register("orders", address, 80, metadata)
+    assert registry.instances("orders") == []
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1", "::1", "fe80::1", "orders-1.eu.internal", "localhost", "ORDERS"])
+def test_host_names_and_ips_are_accepted(registry, address):
+    assert registry.register("orders", address, 80).address == address
+
+
+def test_a_registrar_whose_interval_is_not_below_its_ttl_is_refused(redis):
+    from discovery_app.registrar import Registrar
+
+    with pytest.raises(InvalidRegistration, match="interval"):
+        Registrar("orders", "h", 1, interval=30, ttl=30)
+
+
+def test_metadata_comes_back_exactly_as_given(registry, redis):
+    metadata = {"big": 12345678901234567, "empty_list": [], "empty_map": {}, "pi": 3.141592653589793,
+                "tiny": 1e-300, "nested": {"list": [1, 2.5, "x", None, True]}, "text": "é\u2603"}
+    instance = registry.register("orders", "h", 1, {**metadata, "tags": []})
+    [found] = registry.instances("orders")
+    assert found.extra == metadata and found.tags == ()
+    assert registry.heartbeat(instance.instance_id) == "alive"
+    [found] = registry.instances("orders")
+    assert found.extra == metadata
+    redis.delete(keys.records_key("orders"))  # lost: the next heartbeat writes it again
+    assert registry.heartbeat(instance.instance_id) == "reregistered"
+    [found] = registry.instances("orders")
+    assert found.extra == metadata and found.last_heartbeat >= instance.last_heartbeat

@@ -34,7 +34,8 @@ class Gunicorn:
     def __init__(self, directory, redis_url, *, workers=2, args=(), env=None, app="project.wsgi"):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        # With PORT in env, gunicorn binds 0.0.0.0:$PORT by itself, as the README says; else 127.0.0.1.
+        self.port = int((env or {}).get("PORT") or free_port())
         self.workers = workers or available_cpus()
         self.metrics_dir = self.directory / "prometheus"
         self.pidfile = self.directory / "gunicorn.pid"
@@ -49,7 +50,8 @@ class Gunicorn:
             "PYTHONDONTWRITEBYTECODE": "1",
             **(env or {}),
         }
-        self.args = ["-c", str(ROOT / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{self.port}",
+        bind = [] if (env or {}).get("PORT") else ["--bind", f"127.0.0.1:{self.port}"]
+        self.args = ["-c", str(ROOT / "gunicorn.conf.py"), *bind,
                      "--pid", str(self.pidfile), "--log-level", "info", *args, app]
         self.lines = []
         self.proc = None

@@ -29,9 +29,21 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     conf = json.loads(out.stdout.strip().splitlines()[-1])
-    assert conf["imported"] == ["project", "project.cpus", "streams_app", "streams_app.metrics", "streams_app.metrics.multiprocess"]
+    assert conf["imported"] == ["project", "project.cpus", "project.web_supervision", "streams_app", "streams_app.metrics", "streams_app.metrics.multiprocess"]
     assert conf["workers"] == 3 and conf["threads"] == 4
     assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
     assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]
     assert conf["pidfile"] == str(tmp_path / "gunicorn.pid")
     assert conf["metrics"] == str(tmp_path / "prometheus")
+
+
+def test_the_advertised_address_is_never_loopback_for_a_bind_to_every_interface():
+    from project.web_supervision import advertised_address
+
+    debian_style = lambda: "127.0.1.1"  # what gethostbyname(hostname) gives there
+    assert advertised_address("0.0.0.0", {}, debian_style)[0] is None
+    assert "WEB_ADVERTISE_ADDRESS" in advertised_address("0.0.0.0", {}, debian_style)[1]
+    assert advertised_address("0.0.0.0", {}, lambda: None)[0] is None
+    assert advertised_address("0.0.0.0", {}, lambda: "10.1.2.3")[0] == "10.1.2.3"
+    assert advertised_address("::", {"WEB_ADVERTISE_ADDRESS": "orders.internal"}, debian_style)[0] == "orders.internal"
+    assert advertised_address("127.0.0.1", {}, debian_style)[0] == "127.0.0.1"  # a loopback bind: loopback is right

@@ -1,21 +1,33 @@
-"""A real gunicorn master registers itself in the discovery registry and deregisters when it stops."""
+"""A real gunicorn master (started as the README says) in the discovery registry: registered while it
+serves, deregistered as soon as it is told to stop (before its drain), its registration process
+supervised, and never advertised at a loopback address when bound to every interface."""
+import ipaddress
+import json
 import os
 import signal
+import socket
 
 import pytest
 
 from discovery_app.registry import ServiceRegistry
+from project.web_supervision import default_route_address
 from tests.processes import children_running
+from tests.redis_server import free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def registration_status(server):
+    _, body = server.get("/readyz")
+    return json.loads(body).get("discovery_registration")
 
 
 def test_gunicorn_registers_the_web_instance_and_deregisters_on_stop(gunicorn, redis, settings):
     server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test"})
     registry = ServiceRegistry()
     [instance] = wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
-    assert (instance.address, instance.port) == ("127.0.0.1", server.port)
+    assert (instance.address, instance.port, instance.scheme) == ("127.0.0.1", server.port, "http")
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(60) == 0
     wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=30, what="the web instance deregistered")
@@ -23,7 +35,7 @@ def test_gunicorn_registers_the_web_instance_and_deregisters_on_stop(gunicorn, r
     assert "deregistered" in output and "Fatal Python error" not in output, output[-2000:]
 
 
-def test_the_registration_process_stops_cleanly_on_sigterm(gunicorn, redis, settings):
+def test_the_registration_process_stops_cleanly_on_sigterm_and_is_started_again(gunicorn, redis, settings):
     # `make run` (honcho) and Ctrl-C signal the whole process group, the registration process too.
     # The registration process is looked for only among this gunicorn's children: other checkouts on
     # this host run their own, and signalling one of theirs failed their tests.
@@ -31,10 +43,66 @@ def test_the_registration_process_stops_cleanly_on_sigterm(gunicorn, redis, sett
     registry = ServiceRegistry()
     wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
     [registration] = children_running(server.proc.pid, "project.web_registration")
+    assert registration == registration_status(server)["pid"]
 
     os.kill(registration, signal.SIGTERM)
     wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=30, what="deregistered on SIGTERM")
-    wait_for(lambda: not children_running(server.proc.pid, "project.web_registration"), timeout=30,
-             what="the registration process gone")
+    # Supervised: the master starts it again, and the instance is back.
+    wait_for(lambda: registration_status(server)["restarts"] == 1, timeout=30, what="the registration restarted")
+    wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="registered again")
     output = "".join(server.lines)
     assert "Fatal Python error" not in output, output[-2000:]
+
+
+def test_sigterm_deregisters_before_the_drain(gunicorn, redis, settings):
+    server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test"}, args=["--graceful-timeout", "60"])
+    registry = ServiceRegistry()
+    wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
+    # A request in flight (its client is slow to send it): gunicorn drains, waiting for it.
+    slow_client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    slow_client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=20,
+                 what="deregistration while the drain is still waiting for the request in flight")
+        assert server.proc.poll() is None  # still draining: nothing new should be sent its way
+        slow_client.sendall(b"\r\n")
+        assert b"200 OK" in slow_client.recv(4096)  # the drain still served it
+    finally:
+        slow_client.close()
+    assert server.proc.wait(60) == 0
+    assert "deregistering before the drain" in server.output() and "Fatal Python error" not in server.output()
+
+
+def test_a_dead_registration_process_is_restarted_and_shown_in_readyz(gunicorn, redis, settings):
+    server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test"})
+    registry = ServiceRegistry()
+    [before] = wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
+    status = registration_status(server)
+    assert status["state"] == "running" and status["restarts"] == 0
+    os.kill(status["pid"], signal.SIGKILL)  # OOM killer, an operator's mistake
+    status = wait_for(lambda: (s := registration_status(server))["restarts"] == 1 and s["state"] == "running" and s,
+                      timeout=30, what="the registration process restarted")
+    assert "Discovery registration process (pid" in server.output() and "[WARNING]" in server.output()
+    # The new process registered the same instance again (one record, a new registration of it),
+    # and keeps it alive: its heartbeats move on.
+    [after] = wait_for(lambda: [i for i in registry.instances("shoal-web-test") if i.registration != before.registration],
+                       timeout=30, what="the new process's registration")
+    assert after.instance_id == before.instance_id and len(registry.instances("shoal-web-test")) == 1
+    wait_for(lambda: registry.instances("shoal-web-test")[0].last_heartbeat > after.last_heartbeat, timeout=30,
+             what="a heartbeat from the new process")
+
+
+def test_bound_to_every_interface_it_advertises_a_routable_address(gunicorn, redis, settings):
+    port = free_port()
+    server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test", "PORT": str(port)})
+    registry = ServiceRegistry()
+    expected = default_route_address()
+    if expected is None or ipaddress.ip_address(expected).is_loopback:
+        wait_for(lambda: "Discovery registration skipped" in server.output(), timeout=30, what="a refusal")
+        assert registry.instances("shoal-web-test") == []
+        return
+    [instance] = wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
+    assert not ipaddress.ip_address(instance.address).is_loopback
+    assert (instance.address, instance.port) == (expected, port)
+    assert "advertised as the interface of the default route" in server.output()

@@ -24,19 +24,26 @@ def describe(instance, server_now, factor):
         "heartbeat_age": round(age, 3),
         "ttl": instance.ttl,
         "healthy": instance.is_healthy(factor, server_now),
+        "draining": instance.draining,
     }
 
 
 class Command(BaseCommand):
-    help = "List the registered services, or the instances of one with their health and heartbeat age."
+    help = ("List the registered services, or the instances of one with their health and heartbeat age; "
+            "take an instance out of rotation (--drain) or put it back (--undrain).")
 
     def add_arguments(self, parser):
         parser.add_argument("service", nargs="?", help="A service name; without it, list every service.")
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument("--drain", metavar="INSTANCE_ID",
+                            help="Mark this instance of SERVICE draining: clients stop picking it; it stays registered.")
+        parser.add_argument("--undrain", metavar="INSTANCE_ID", help="Put a draining instance of SERVICE back in rotation.")
 
-    def handle(self, *args, service, json: bool, **options):
+    def handle(self, *args, service, json: bool, drain=None, undrain=None, **options):
         as_json = json
         registry = ServiceRegistry()
+        if drain or undrain:
+            return self.set_draining(registry, service, drain or undrain, draining=bool(drain))
         try:
             if service is None:
                 rows = {name: len(found) for name, found in registry.all_instances().items()}
@@ -59,11 +66,28 @@ class Command(BaseCommand):
         else:
             for row in rows:
                 health = self.style.SUCCESS("healthy") if row["healthy"] else self.style.WARNING("stale")
+                if row["draining"]:
+                    health += " " + self.style.WARNING("draining")
                 self.stdout.write(
                     f"{row['instance_id']}\t{row['url']}\t{health}\theartbeat {row['heartbeat_age']:.1f} s ago\t"
                     f"zone={row['zone'] or '-'} version={row['version'] or '-'} weight={row['weight']:g}"
                     + (f" tags={','.join(row['tags'])}" if row["tags"] else "")
                 )
+
+
+    def set_draining(self, registry, service, instance_id, draining):
+        if service is None:
+            raise CommandError("name the service: discover SERVICE --drain INSTANCE_ID")
+        try:
+            done = registry.set_draining(service, instance_id, draining)
+        except InvalidRegistration as exc:
+            raise CommandError(str(exc)) from None
+        except TRANSIENT_ERRORS as exc:
+            raise CommandError(f"cannot reach Redis ({exc}). Check REDIS_URL and that redis-server is running.") from None
+        if not done:
+            raise CommandError(f"{instance_id} is not registered in {service}; `discover {service}` lists its instances.")
+        state = "draining: clients stop picking it" if draining else "back in rotation"
+        self.stdout.write(self.style.SUCCESS(f"{instance_id} of {service} is {state}."))
 
 
 def _dumps(value):

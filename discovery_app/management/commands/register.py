@@ -1,4 +1,5 @@
 import logging
+import math
 import queue
 import signal
 
@@ -21,12 +22,12 @@ port_number.__name__ = "port (1-65535)"
 
 def weight_number(text):
     value = float(text)
-    if value < 0:
+    if not math.isfinite(value) or value < 0:
         raise ValueError(text)
     return value
 
 
-weight_number.__name__ = "weight (a number >= 0)"
+weight_number.__name__ = "weight (a finite number >= 0)"
 
 
 class Command(BaseCommand):
@@ -45,16 +46,18 @@ class Command(BaseCommand):
         parser.add_argument("--weight", type=weight_number, default=1.0, help="Weight for weighted-random (default 1).")
         parser.add_argument("--version", dest="instance_version", default="", help="Version of the service.")
         parser.add_argument("--tag", action="append", default=[], dest="tags", help="A tag; repeat for more.")
+        parser.add_argument("--scheme", choices=("http", "https"), default="http",
+                            help="Whether clients call the instance over http or https (default http).")
         parser.add_argument("--instance-id", help="Instance id (default: SERVICE-HOST-PID-RANDOM).")
         parser.add_argument("--interval", type=float, help="Seconds between heartbeats (default DISCOVERY['HEARTBEAT_INTERVAL']).")
         parser.add_argument("--ttl", type=float, help="Seconds without a heartbeat before expiry (default DISCOVERY['TTL']).")
 
-    def handle(self, *args, service, address, port, zone, weight, instance_version, tags, instance_id,
+    def handle(self, *args, service, address, port, zone, weight, instance_version, tags, scheme, instance_id,
                interval, ttl, verbosity, **options):
         logging.getLogger("discovery_app").setLevel(log_level(verbosity))
         if interval is not None and interval <= 0 or ttl is not None and ttl <= 0:
             raise CommandError("--interval and --ttl must be positive numbers of seconds.")
-        metadata = {"zone": zone, "weight": weight, "version": instance_version, "tags": tags}
+        metadata = {"zone": zone, "weight": weight, "version": instance_version, "tags": tags, "scheme": scheme}
         try:
             registrar = Registrar(service, address, port, metadata, interval=interval, instance_id=instance_id, ttl=ttl)
         except InvalidRegistration as exc:

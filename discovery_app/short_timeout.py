@@ -1,0 +1,45 @@
+"""Discovery's Redis clients: the server and options of django-redis's, with a short timeout.
+
+The shared pool's socket timeout (30 s) is sized for the consumers' blocking reads. Discovery never
+blocks on Redis on purpose, and a hung Redis must cost a resolve() about REDIS_TIMEOUT (1 s), after
+which the client serves what it has cached. One client per django-redis pool and timeout, kept
+while that pool lives; redis-py pools start afresh in a forked child (they check the pid).
+"""
+import threading
+import weakref
+
+import redis
+
+from discovery_app.conf import setting
+from discovery_app.connection import get_connection
+
+_clients = weakref.WeakKeyDictionary()  # django-redis pool -> {timeout: redis.Redis}
+_lock = threading.Lock()
+
+
+def _kwargs(pool, timeout):
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = timeout
+    kwargs["socket_connect_timeout"] = min(timeout, kwargs.get("socket_connect_timeout") or timeout)
+    return kwargs
+
+
+def registry_connection():
+    """The shared short-timeout client for registry reads and writes in this process."""
+    pool = get_connection().connection_pool
+    timeout = setting("REDIS_TIMEOUT")
+    with _lock:
+        by_timeout = _clients.setdefault(pool, {})
+        client = by_timeout.get(timeout)
+        if client is None:
+            client = by_timeout[timeout] = redis.Redis(
+                connection_pool=type(pool)(connection_class=pool.connection_class, **_kwargs(pool, timeout)))
+        return client
+
+
+def dedicated_registry_connection():
+    """A short-timeout client with a pool of its own, for a thread that must not share one (made
+    inside that thread, so nothing created in a pre-fork master is shared)."""
+    pool = get_connection().connection_pool
+    return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class,
+                                                  **_kwargs(pool, setting("REDIS_TIMEOUT"))))

@@ -1,0 +1,183 @@
+"""The gunicorn master's side of discovery registration: which address to advertise, and a supervisor
+that keeps ``python -m project.web_registration`` running and stops it first on shutdown.
+
+Imported by gunicorn.conf.py, so: no Django, no app code (the master's imports are inherited,
+unreloaded, by the workers it forks after a HUP).
+
+Lifecycle of the web tier's instance:
+- registered once the master listens (``when_ready``), by the registration process;
+- deregistered the moment the master gets TERM, INT or QUIT, before gunicorn closes its sockets
+  and drains: the supervisor is told by the master's (chained) signal handler and TERMs the
+  registration process, whose Registrar deregisters at once;
+- if the registration process dies meanwhile (killed, OOM), the supervisor logs a WARNING,
+  starts a new one (same instance id, so no duplicate record) after a back-off, and /readyz
+  shows the restarts; if the master itself dies (SIGKILL), the pipe to the registration process
+  closes and it deregisters; if both die, the record expires after the TTL.
+"""
+import ipaddress
+import json
+import os
+import queue
+import socket
+import subprocess
+import threading
+import time
+
+STATUS_ENV = "SHOAL_WEB_REGISTRATION_STATUS"
+"""Environment variable naming the JSON file where the supervisor writes the registration
+process's state, for /readyz (workers inherit the variable from the master)."""
+
+# Where a UDP socket is "connected" to learn which local address the default route uses: nothing
+# is sent. Documentation ranges (RFC 5737 / RFC 3849), so no real host is ever named.
+ROUTE_PROBES = ((socket.AF_INET, "198.51.100.1"), (socket.AF_INET6, "2001:db8::1"))
+
+
+def default_route_address():
+    """The local address of the interface the default route goes out of, or None."""
+    for family, target in ROUTE_PROBES:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                return probe.getsockname()[0]
+        except OSError:
+            continue
+    return None
+
+
+def is_loopback(address):
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def advertised_address(bound_host, environ=os.environ, route_address=default_route_address):
+    """(address to register or None, why): the bound address; when bound to every interface,
+    WEB_ADVERTISE_ADDRESS, else the default route's interface. A loopback address is refused for a
+    non-loopback bind: other machines could not reach it (``gethostbyname(hostname)`` is 127.0.1.1
+    on Debian-style hosts)."""
+    if bound_host not in ("0.0.0.0", "::", ""):
+        return bound_host, f"the bound address {bound_host}"
+    configured = environ.get("WEB_ADVERTISE_ADDRESS")
+    if configured:
+        return configured, "WEB_ADVERTISE_ADDRESS"
+    found = route_address()
+    if found is None or is_loopback(found):
+        return None, (f"bound to {bound_host or 'every interface'} but found no routable address "
+                      f"(the default route gives {found}); set WEB_ADVERTISE_ADDRESS")
+    return found, "the interface of the default route (set WEB_ADVERTISE_ADDRESS to choose)"
+
+
+class RegistrationSupervisor:
+    """Runs the registration process from a thread of the master; restarts it when it dies."""
+
+    def __init__(self, argv, cwd, log, status_path=None, backoff=(1.0, 30.0), clock=time.monotonic):
+        self.argv = argv
+        self.cwd = cwd
+        self.log = log
+        self.status_path = status_path
+        self.backoff_min, self.backoff_max = backoff
+        self.clock = clock
+        self.process = None
+        self._spawned_at = 0.0
+        self.restarts = 0
+        self.stopping = False
+        self._signals = queue.SimpleQueue()  # written by the master's signal handler
+        self._thread = None
+
+    # -- called from the master's main thread ---------------------------------------------
+
+    def start(self):
+        self._spawn()
+        self._thread = threading.Thread(target=self.run, name="shoal-registration-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def handle_signal(self, signum):
+        """From the master's signal handler: only record it (SimpleQueue.put is safe there)."""
+        self._signals.put(signum)
+
+    def stop(self, timeout=10.0):
+        """At the master's exit: EOF to the registration process (it deregisters), wait, kill."""
+        self.stopping = True
+        self._signals.put(None)
+        process = self.process
+        if process is None:
+            return
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        self._write_status("stopped")
+
+    def close_in_child(self):
+        """In a forked worker: drop the inherited pipe, or the registration process would not see
+        the master die. (A worker forked while a restart is under way may keep the new pipe; it
+        exits when the master dies, which closes it too.)"""
+        process = self.process
+        if process is not None and not process.stdin.closed:
+            process.stdin.close()
+
+    # -- the supervisor thread ------------------------------------------------------------
+
+    def run(self):
+        delay = self.backoff_min
+        while not self.stopping:
+            try:
+                signum = self._signals.get(timeout=1.0)
+            except queue.Empty:
+                signum = False
+            if signum is not False:
+                self.handle_stop_signal(signum)
+                return
+            if self.process.poll() is None:
+                continue
+            delay = self.handle_death(delay)
+
+    def handle_stop_signal(self, signum):
+        # The master is stopping: deregister now, before gunicorn closes its sockets and drains.
+        self.stopping = True
+        if signum is not None and self.process.poll() is None:
+            self.log.info("Discovery registration: deregistering before the drain (pid %s).", self.process.pid)
+            self.process.terminate()
+        self._write_status("stopping")
+
+    def handle_death(self, delay):
+        if self.clock() - self._spawned_at > self.backoff_max:
+            delay = self.backoff_min  # it had been up a while: not a crash loop
+        self.log.warning("Discovery registration process (pid %s) is gone; this web instance is not "
+                         "discoverable. Restarting it in %.0f s.", self.process.pid, delay)
+        self._write_status("restarting")
+        until = self.clock() + delay
+        while self.clock() < until:
+            try:
+                signum = self._signals.get(timeout=max(0.0, until - self.clock()))
+                self.handle_stop_signal(signum)
+                return delay
+            except queue.Empty:
+                pass
+        if self.stopping:
+            return delay
+        self.restarts += 1
+        self._spawn()
+        self.log.warning("Discovery registration restarted (pid %s, restart %s).", self.process.pid, self.restarts)
+        return min(self.backoff_max, delay * 2)
+
+    def _spawn(self):
+        self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdin=subprocess.PIPE)
+        self._spawned_at = self.clock()
+        self._write_status("running")
+
+    def _write_status(self, state):
+        if not self.status_path:
+            return
+        status = {"state": state, "pid": self.process.pid if self.process else None,
+                  "restarts": self.restarts, "since": time.time()}
+        tmp = f"{self.status_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(status, f)
+        os.replace(tmp, self.status_path)  # readers never see half a file

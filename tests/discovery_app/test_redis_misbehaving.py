@@ -1,0 +1,131 @@
+"""Discovery against a Redis that hangs (SIGSTOP) or comes back empty (restarted without persistence)."""
+import signal
+import threading
+import time
+
+import pytest
+
+from discovery_app.client import DiscoveryClient
+from discovery_app.exceptions import ServiceNotAvailable
+from discovery_app.registry import ServiceRegistry
+from tests.waiting import wait_for
+
+
+class CountingRegistry(ServiceRegistry):
+    """The real registry, counting the fetches that reach Redis (a spy, not a stand-in)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fetches = 0
+
+    def fetch(self, service):
+        self.fetches += 1
+        return super().fetch(service)
+
+
+@pytest.fixture
+def private_redis(redis_factory, use_redis):
+    server = redis_factory()
+    use_redis(server)
+    yield server
+    server.process.send_signal(signal.SIGCONT)  # in case the test stopped it
+
+
+def test_a_hung_redis_costs_one_short_timeout_and_callers_get_the_cached_answer(private_redis, settings, clock):
+    settings.DISCOVERY = {"REDIS_TIMEOUT": 0.5}
+    ServiceRegistry().register("web", "127.0.0.1", 1)
+    registry = CountingRegistry()
+    client = DiscoveryClient(registry=registry, listen=False, cache_ttl=5, clock=clock)
+    assert client.resolve("web").port == 1
+    private_redis.process.send_signal(signal.SIGSTOP)  # hung: connections open, nothing answers
+    clock.advance(10)  # the cache entry has expired
+    results = []
+
+    def caller():
+        started = time.monotonic()
+        instance = client.resolve("web")
+        results.append((instance.port, time.monotonic() - started))
+
+    threads = [threading.Thread(target=caller) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert [port for port, _ in results] == [1] * 8  # the stale answer, for everyone
+    # One refresh went to Redis (single-flight); the others were answered from the cache at once.
+    assert registry.fetches == 2
+    # Bounded by the 0.5 s discovery timeout (plus a loaded machine), not the shared pool's 30 s.
+    assert max(seconds for _, seconds in results) < 10, results
+
+
+def test_a_first_resolve_against_a_hung_redis_fails_within_the_short_timeout(private_redis, settings):
+    settings.DISCOVERY = {"REDIS_TIMEOUT": 0.5}
+    client = DiscoveryClient(listen=False)
+    private_redis.process.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServiceNotAvailable, match="unreachable"):
+            client.resolve("web")
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+    assert time.monotonic() - started < 10
+
+
+def test_a_registry_restarted_empty_does_not_make_live_instances_vanish(private_redis, settings, clock, caplog):
+    settings.DISCOVERY = {"SELF_PRESERVATION": 25}
+    registry = ServiceRegistry(ttl=60)
+    alive = registry.register("web", "127.0.0.1", 1)
+    client = DiscoveryClient(listen=False, cache_ttl=5, clock=clock)
+    assert client.resolve("web") == alive
+    private_redis.stop()
+    private_redis.start()  # no persistence: every record is gone until the next heartbeats
+    wait_for(lambda: _answers(registry), timeout=20, what="Redis back")
+    clock.advance(10)  # the cache entry expires: the next resolve asks the (empty) registry
+    assert client.resolve("web") == alive  # self-preservation: it vanished without expiring or deregistering
+    assert "vanished from the registry" in caplog.text
+
+    # A genuine scale-down still converges at once: a deregistered instance leaves a tombstone.
+    leaving = registry.register("web", "127.0.0.1", 2)
+    clock.advance(10)
+    assert {i.port for i in client.instances("web")} == {1, 2}
+    registry.deregister(leaving)
+    clock.advance(10)
+    assert {i.port for i in client.instances("web")} == {1}
+    # And the preserved one is given up after the grace period if it never comes back.
+    clock.advance(20)
+    with pytest.raises(ServiceNotAvailable):
+        client.resolve("web")
+
+
+def _answers(registry):
+    try:
+        return registry.instances("web") == []
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def test_an_instance_that_stops_heartbeating_is_expired_and_announced_on_time(registry, redis):
+    import json
+
+    pubsub = redis.pubsub()
+    pubsub.subscribe("discovery:events")
+    pubsub.get_message(timeout=5)  # subscribed
+    client = DiscoveryClient()  # any process with a listening client sweeps (one sweeper at a time)
+    assert client.wait_listening(10)
+    silent = ServiceRegistry(ttl=1).register("quiet", "127.0.0.1", 1)
+    deadline = silent.last_heartbeat + 1.0  # Redis server time
+    expired = None
+    until = time.monotonic() + 15
+    while expired is None and time.monotonic() < until:
+        message = pubsub.get_message(timeout=0.5)
+        if message and message["type"] == "message" and json.loads(message["data"])["event"] == "expired":
+            expired = json.loads(message["data"])
+            seconds, micros = redis.time()
+            late = seconds + micros / 1e6 - deadline
+    client.close()
+    assert expired is not None, "nobody touched the service, so its expiry was never noticed"
+    assert expired["instance_id"] == silent.instance_id
+    assert late < 3.0, late  # the sweep runs every second: noticed within about a second of the deadline
