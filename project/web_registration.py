@@ -52,10 +52,12 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: done.put(signum))
     threading.Thread(target=_wait_for_eof, args=(done,), daemon=True).start()
-    # The instance's own /readyz before each heartbeat: when Redis or the database stop answering it,
-    # clients skip this instance (over TLS the certificate may not match the address: no check).
+    # With WEB_HEALTH_CHECK=1, the instance's own /readyz before each heartbeat: when Redis or the
+    # database stop answering it, clients skip this instance. Opt-in: the probes are requests like
+    # any other in the access log and metrics. (Over TLS the certificate may not match the address.)
     host = f"[{address}]" if ":" in address else address
-    health = f"http://{host}:{port}/readyz" if metadata.get("scheme", "http") == "http" else None
+    wanted = os.environ.get("WEB_HEALTH_CHECK", "") not in ("", "0") and metadata.get("scheme", "http") == "http"
+    health = f"http://{host}:{port}/readyz" if wanted else None
     registrar = Registrar(settings.WEB_SERVICE_NAME, address, port, metadata=metadata, instance_id=instance_id,
                           health_check=health)
     registrar.start()  # chains its own TERM/INT handler in front: it deregisters at once
