@@ -40,7 +40,9 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
 def test_the_advertised_address_is_never_loopback_for_a_bind_to_every_interface():
     from project.web_supervision import advertised_address
 
-    debian_style = lambda: "127.0.1.1"  # what gethostbyname(hostname) gives there
+    def debian_style():
+        return "127.0.1.1"  # what gethostbyname(hostname) gives there
+
     assert advertised_address("0.0.0.0", {}, debian_style)[0] is None
     assert "WEB_ADVERTISE_ADDRESS" in advertised_address("0.0.0.0", {}, debian_style)[1]
     assert advertised_address("0.0.0.0", {}, lambda: None)[0] is None
