@@ -69,7 +69,21 @@ def check_streams_settings(app_configs=None, **kwargs):
                 )
             )
     errors.extend(_check_supervisor(merged))
+    errors.extend(_check_codec(merged["CODEC"]))
     return errors
+
+
+def _check_codec(name):
+    from streams_app.codec import ENGINES, engine_error
+
+    if name not in ENGINES:
+        return [Error(f"STREAMS['CODEC'] is {name!r}, which is not a codec.",
+                      hint=f"Use one of {', '.join(map(repr, ENGINES))} (default 'json').", id="streams_app.E030")]
+    problem = engine_error(name)
+    if problem:
+        return [Error(f"STREAMS['CODEC'] is {name!r}, but {problem}.", hint=f"pip install {name}, or use 'json'.",
+                      id="streams_app.E030")]
+    return []
 
 
 def _check_supervisor(merged):

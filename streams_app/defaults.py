@@ -8,6 +8,7 @@ writes it, and a test fails when the docs drift). Add a key here, and only here.
 from shoal_common.appsettings import NON_EMPTY_STRING, POSITIVE_INT, POSITIVE_NUMBER, Kind, Setting, defaults_of
 
 CACHE_ALIAS = Kind("django-redis cache alias")  # checked against CACHES by streams_app.E004 / E005
+CODEC_NAME = Kind("codec name: 'json' or 'orjson'")  # checked by streams_app.E030 (orjson must be installed)
 
 SETTINGS = (
     Setting("REDIS_ALIAS", "default", CACHE_ALIAS,
@@ -35,6 +36,10 @@ SETTINGS = (
     Setting("MAX_PAYLOAD_BYTES", 1024 * 1024, POSITIVE_INT,
             "The largest entry ``publish`` accepts: payload, key and headers together, in bytes of UTF-8. "
             "Redis holds streams in memory."),
+    Setting("CODEC", "json", CODEC_NAME,
+            "The engine that writes and reads payload JSON: ``json`` (the standard library) or ``orjson`` "
+            "(``pip install orjson``; faster, see docs/publishing.md). Both write the same envelope, so producers "
+            "and consumers may differ; ``publish(..., codec=...)`` overrides it per call.", check_id="E030"),
     Setting("RECONNECT_BACKOFF_MAX", 5.0, POSITIVE_NUMBER,
             "Ceiling, in seconds, of the exponential back-off between attempts to reach an unreachable Redis."),
     Setting("RETRY_BACKOFF", 1.0, POSITIVE_NUMBER,

@@ -6,6 +6,7 @@ once (``decode()`` runs before the handler), the other fields only when asked fo
 import json
 
 from shoal_common.text import to_text
+from streams_app import codec
 from streams_app.exceptions import PayloadDecodeError
 
 PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; both are read.
@@ -60,10 +61,9 @@ class Message:
                     break
             else:
                 raise PayloadDecodeError(f"entry {self.id} has no 'payload' or 'data' field")
-            try:
-                self._payload = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise PayloadDecodeError(f"entry {self.id}: payload is not valid JSON ({exc})") from None
+            # Only payloads holding datetimes, Decimals... carry payload_types (streams_app/codec.py).
+            types = _raw(self.raw_fields, b"payload_types") if name == b"payload" else None
+            self._payload = codec.decode(raw, types, entry_id=self.id)
         return self._payload
 
     @property

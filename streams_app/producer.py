@@ -4,6 +4,7 @@ import time
 
 import redis
 
+from streams_app import codec as codecs
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
@@ -32,17 +33,20 @@ def _utf8_size(text, what):
                            f"at position {exc.start}, which UTF-8 cannot encode") from None
 
 
-def encode_message(payload, *, key=None, headers=None):
-    """The fields of one entry. Raises PublishError for input that cannot be a message."""
-    try:
-        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise PublishError(f"payload is not JSON-serialisable: {exc}") from None
+def encode_message(payload, *, key=None, headers=None, codec=None):
+    """The fields of one entry. Raises PublishError for input that cannot be a message.
+
+    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
+    """
+    body, types = codecs.encode(payload, codec)
     limit = setting("MAX_PAYLOAD_BYTES")
-    size = _utf8_size(body, "payload")
+    size = len(body)  # bytes already: the size is exact
     if size > limit:
         raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
     fields = {"payload": body, "published_at": str(int(time.time() * 1000))}
+    if types is not None:
+        fields[codecs.TYPES_FIELD] = types
+        size += _utf8_size(types, "payload types")
     if key is not None:
         if not isinstance(key, str) or not key:
             raise PublishError(f"key must be a non-empty string, not {key!r}")
@@ -58,7 +62,7 @@ def encode_message(payload, *, key=None, headers=None):
         size += _utf8_size(fields["headers"], "headers")
     if size > limit:
         # The limit protects Redis and every consumer's memory: key and headers count as much as the payload.
-        raise PublishError(f"entry is {size} bytes (payload, key and headers), over the limit of {limit} "
+        raise PublishError(f"entry is {size} bytes (payload, its types, key and headers), over the limit of {limit} "
                            "(STREAMS['MAX_PAYLOAD_BYTES'])")
     return fields
 
@@ -82,11 +86,11 @@ def _check_maxlen(maxlen):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
 
 
-def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None):
+def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None):
     """Append one message; return its entry id (None when queued on ``pipeline``)."""
     validate_stream_name(stream)
     _check_maxlen(maxlen)
-    fields = encode_message(payload, key=key, headers=headers)
+    fields = encode_message(payload, key=key, headers=headers, codec=codec)
     if pipeline is not None:
         _xadd(pipeline, stream, fields, maxlen)
         return None
@@ -100,7 +104,7 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     return to_text(entry_id)
 
 
-def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
+def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None):
     """Append many messages, 1000 per round trip; return their ids in order.
 
     Every payload is encoded before the first is sent, so bad input publishes nothing (the
@@ -118,7 +122,7 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None):
     encoded = []
     for index, payload in enumerate(payloads):
         try:
-            encoded.append(encode_message(payload, key=keys[index] if keys else None, headers=headers))
+            encoded.append(encode_message(payload, key=keys[index] if keys else None, headers=headers, codec=codec))
         except PublishError as exc:
             error = PublishError(f"message {index}: {exc}")
             error.index, error.reason = index, str(exc)

@@ -46,9 +46,10 @@ def test_publish_refuses_a_stream_name_that_is_not_a_usable_string(redis, stream
 
 @pytest.mark.parametrize("payload", [{"set": {1, 2}}, float("nan"), {"inf": float("inf")}, object(), {1j: "x"}])
 def test_publish_refuses_a_payload_that_is_not_json(redis, payload):
-    with pytest.raises(PublishError, match="payload is not JSON-serialisable"):
+    # The message names the key path of the offending value: payload["set"]: set is not JSON-serialisable
+    with pytest.raises(PublishError, match=r"^payload(\[.*\])?: .*is not JSON-serialisable"):
         publish("jobs", payload)
-    with pytest.raises(PublishError, match="message 1: payload is not JSON-serialisable"):
+    with pytest.raises(PublishError, match=r"^message 1: payload(\[.*\])?: .*is not JSON-serialisable"):
         publish_many("jobs", [{"n": 0}, payload, {"n": 2}])  # the good ones are not published either
     assert snapshot(redis) == {}
 
