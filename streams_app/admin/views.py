@@ -27,6 +27,7 @@ from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import ReplayError
 from shoal_common.redis_errors import is_missing
 from shoal_common.text import to_text
+from streams_app.codec import apply_types
 from streams_app.deadletters.replay import JSON_NULL, replay
 
 PENDING_PAGE_SIZE = 50
@@ -191,34 +192,40 @@ def _apply(conn, request, stream, group, action, ids, target):
 
 
 def replay_edited(model_admin, request, object_id):
-    """Replay one dead letter with a payload the operator edited: form, confirmation, replay."""
+    """Replay one dead letter with a payload the operator edited: form, confirmation, replay.
+
+    The payload is edited as the plain JSON it is stored as; its ``payload_types`` (which values are
+    datetimes, Decimals, UUIDs...) are shown beside it and re-applied, so the replayed entry reaches
+    the handler with the same types. The operator may edit those too.
+    """
     letter = model_admin.get_object_or_404(request, object_id)
     model_admin.require(request, "replay")
     changelist = reverse("admin:streams_app_deadletter_changelist")
     text = request.POST.get("payload") if request.method == "POST" else None
+    types_text = request.POST.get("payload_types", "") if request.method == "POST" else None
     error = ""
     if text is None:
         from streams_app.admin.model_admins import pretty_json
 
         text = pretty_json(letter.payload)
+        types_text = pretty_json(letter.fields.get("payload_types", ""))
     else:
-        try:
-            payload = json.loads(text)
-            json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            error = (f"This is not valid Unicode: it holds a lone surrogate ({exc.object[exc.start]!r}), "
-                     "which cannot be stored. Remove it or use a real character.")
-        except ValueError as exc:
-            error = f"This is not valid JSON: {exc}"
-        else:
+        payload, error = _edited_payload(text, types_text)
+        if not error:
             if request.POST.get("post") == "yes":
                 return _do_replay_edited(model_admin, request, letter, payload, changelist)
+            plain = json.loads(text)
+            types = json.loads(types_text) if types_text.strip() else {}
+            preview = json.dumps(plain, indent=2, ensure_ascii=False, sort_keys=True)
+            if types:
+                preview += "\n\nwith the types (payload_types):\n" + json.dumps(types, indent=2, ensure_ascii=False, sort_keys=True)
             return confirmation(
                 request, model_admin, title="Replay with an edited payload", action="replay_edited",
                 items=[f"{letter.stream} {letter.entry_id} — group {letter.group}"],
                 warning="It goes back to its origin stream, for its group only, with this payload:",
-                hidden={"payload": json.dumps(payload, ensure_ascii=False)},
-                preview=json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True),
+                hidden={"payload": json.dumps(plain, ensure_ascii=False),
+                        "payload_types": json.dumps(types, ensure_ascii=False) if types else ""},
+                preview=preview,
                 form_action=request.path,
             )
     context = {
@@ -228,11 +235,34 @@ def replay_edited(model_admin, request, object_id):
         "opts": model_admin.model._meta,
         "letter": letter,
         "payload_text": text,
+        "types_text": types_text,
         "error": error,
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/streams_app/deadletter/replay_edit.html", context,
                             status=400 if error else 200)
+
+
+def _edited_payload(text, types_text):
+    """(the payload with its types applied, '') or (None, what is wrong with the operator's input)."""
+    try:
+        payload = json.loads(text)
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return None, (f"This is not valid Unicode: it holds a lone surrogate ({exc.object[exc.start]!r}), "
+                      "which cannot be stored. Remove it or use a real character.")
+    except ValueError as exc:
+        return None, f"This is not valid JSON: {exc}"
+    if not types_text.strip():
+        return payload, ""
+    try:
+        types = json.loads(types_text)
+    except ValueError as exc:
+        return None, f"The types are not valid JSON: {exc}"
+    try:
+        return apply_types(payload, types), ""
+    except ValueError as exc:
+        return None, f"The types do not fit the payload: {exc}. Fix or remove that line of the types."
 
 
 def _do_replay_edited(model_admin, request, letter, payload, changelist):

@@ -5,15 +5,14 @@ The replayed entry is a new entry of the origin stream with the original fields 
 before decoding or running anything: loops of other groups ack such an entry without calling
 their handler. The re-publish and the removal from the DLQ are one Lua script.
 """
-import json
 from dataclasses import dataclass, field
 
 import redis
 
-from streams_app import keys, scripts
+from streams_app import codec, keys, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters.store import get_dead_letters
-from streams_app.exceptions import ReplayError
+from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming.groups import key_type
@@ -43,26 +42,24 @@ JSON_NULL = _Null()
 
 
 def _override_text(payload_override):
+    """(payload, payload_types) of the override, '' for none: encoded as ``publish`` does, types included."""
     if payload_override is None:
-        return ""
+        return "", ""
     if payload_override is JSON_NULL:
-        return "null"
+        return "null", ""
     try:
-        text = json.dumps(payload_override, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ReplayError(f"the payload override is not valid Unicode: it holds a lone surrogate "
-                          f"{text[exc.start]!r}, which UTF-8 cannot encode") from None
-    except (TypeError, ValueError) as exc:
-        raise ReplayError(f"the payload override is not JSON-serialisable: {exc}") from None
-    return text
+        body, types = codec.encode(payload_override)
+    except PublishError as exc:
+        raise ReplayError(f"the payload override is not usable: {exc}") from None
+    return body, types or ""
 
 
 def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None):
     """Replay dead letters of ``group`` (the given ``ids``, or ``all`` of them) onto ``stream``.
 
-    ``payload_override`` (any JSON value) replaces the payload of every replayed entry; None keeps
-    the original, ``JSON_NULL`` replaces it with null.
+    ``payload_override`` (any value ``publish`` takes: datetimes, Decimals... keep their types)
+    replaces the payload of every replayed entry; None keeps the original (its ``payload_types``
+    too), ``JSON_NULL`` replaces it with null.
     ``progress(scanned, total)`` is called after each batch when ``all`` is set.
     """
     validate_stream_name(stream)
@@ -128,7 +125,8 @@ def _replay_batch(conn, stream, group, ids, override, dry_run, result):
     if dry_run:
         result.replayed.extend((i, None) for i in ids)
         return
-    reply = scripts.run(conn, "replay", [keys.stream_key(stream), keys.dead_letter_key(stream)], [group, override, *ids])
+    body, types = override
+    reply = scripts.run(conn, "replay", [keys.stream_key(stream), keys.dead_letter_key(stream)], [group, body, types, *ids])
     for entry_id, outcome in zip(ids, map(_text, reply)):
         if outcome in ("missing", "other-group"):
             result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile

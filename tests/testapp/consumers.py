@@ -229,3 +229,26 @@ consumer("raises", group="g", max_deliveries=2, retry_backoff=0.05)(_raise_what_
 @consumer("araises", group="g", max_deliveries=2, retry_backoff=0.05)
 async def async_raise_what_is_asked(message):
     _raise_what_is_asked(message)
+
+
+# -- payload types (tests/streams_app/test_payload_types.py) -------------------------------------
+
+def _described(value):
+    """JSON-able [type, repr] of every value, nested ones included: what the handler really got."""
+    if isinstance(value, dict):
+        return {k: _described(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_described(v) for v in value]
+    return [type(value).__name__, repr(value)]
+
+
+@consumer("typed", group="g", max_deliveries=1)
+def records_payload_types(message):
+    """Records the payload as it reached it (types and reprs); fails while ``typed:fail`` is set."""
+    import json
+
+    conn = get_connection()
+    failing = conn.exists("typed:fail")  # decided before recording: a test sets it again once it saw the record
+    conn.rpush("typed:seen", json.dumps(_described(message.payload)))
+    if failing:
+        raise RuntimeError("asked to fail by typed:fail")

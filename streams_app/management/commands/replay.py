@@ -2,6 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from streams_app.codec import apply_types
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
 from streams_app.deadletters.replay import JSON_NULL, replay
@@ -18,15 +19,27 @@ class Command(BaseCommand):
                            help="A dead-letter entry id (the id in {STREAM}:dlq); repeat for several.")
         which.add_argument("--all", action="store_true", help="Every dead letter of the group.")
         parser.add_argument("--payload", help="JSON that replaces the payload of every replayed entry.")
+        parser.add_argument("--payload-types", metavar="JSON",
+                            help="With --payload: the types of its values, as the entry's payload_types field writes "
+                                 "them, e.g. '{\"/at\": \"datetime\"}' (docs/publishing.md). Without --payload the "
+                                 "original payload is replayed with its types.")
         parser.add_argument("--dry-run", action="store_true", help="Show what would be replayed; change nothing.")
 
-    def handle(self, *args, stream, group, ids, all, payload, dry_run, verbosity, **options):
+    def handle(self, *args, stream, group, ids, all, payload, payload_types, dry_run, verbosity, **options):
         override = None
+        if payload_types is not None and payload is None:
+            raise CommandError("--payload-types describes the values of --payload; give --payload too "
+                               "(without it the original payload is replayed with its own types).")
         if payload is not None:
             try:
                 override = json.loads(payload)
             except ValueError as exc:
                 raise CommandError(f"--payload is not valid JSON ({exc}); quote it, e.g. --payload '{{\"n\": 1}}'") from None
+            if payload_types is not None:
+                try:
+                    override = apply_types(override, json.loads(payload_types))
+                except ValueError as exc:
+                    raise CommandError(f"--payload-types does not fit --payload: {exc}") from None
             if override is None:
                 override = JSON_NULL  # --payload null: replay with the payload null, not the original
         progress = None
