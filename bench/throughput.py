@@ -1,16 +1,22 @@
 """Throughput of runconsumer against a plain redis-py loop, in one run on one private Redis.
 
-    .venv/bin/python bench/throughput.py [--messages 200000] [--workers 2]
+    .venv/bin/python bench/throughput.py [--messages 200000] [--workers 2] [--codec orjson] [--typed]
 
 (a) plain: XREADGROUP COUNT 500, json.loads per entry, one XACK per batch (the floor any Python
 consumer pays); (b) runconsumer with a no-op handler and default settings, one process; (c) with
 --workers N > 1, the supervisor (runconsumer --workers N) on the same entries, read again by a
 fresh group. All are timed from outside the same way: first entry read by the group to last entry acked.
+--codec sets STREAMS["CODEC"] for the publisher and the consumers; --typed adds a datetime, a Decimal
+and a UUID to each payload (the plain loop still only parses the JSON).
 """
 import argparse
+import datetime
+import decimal
 import json
 import multiprocessing
+import os
 import signal
+import uuid
 
 from common import manage, setup_django, start_redis, time_consumption
 
@@ -32,11 +38,17 @@ def plain_loop(url, stream, group, total):
         done += len(entries)
 
 
-def publish(total, stream):
+def payload(n, typed):
+    if not typed:
+        return {"n": n, "pad": "x" * 40}
+    return {"n": n, "at": datetime.datetime.now(datetime.UTC), "total": decimal.Decimal("9.99"), "id": uuid.uuid4()}
+
+
+def publish(total, stream, typed=False):
     from streams_app import publish_many
 
     for start in range(0, total, 10_000):
-        publish_many(stream, [{"n": n, "pad": "x" * 40} for n in range(start, min(total, start + 10_000))])
+        publish_many(stream, [payload(n, typed) for n in range(start, min(total, start + 10_000))])
 
 
 def run_consumer(client, url, total, *options):
@@ -54,13 +66,17 @@ def main():
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--workers", type=int, default=1,
                         help="with N > 1, also time the supervisor with N worker processes (runconsumer --workers N)")
+    parser.add_argument("--codec", default="json", help="STREAMS['CODEC'] of the publisher and the consumers")
+    parser.add_argument("--typed", action="store_true", help="payloads with a datetime, a Decimal and a UUID")
     args = parser.parse_args()
+    os.environ["SHOAL_TEST_STREAMS"] = json.dumps({"CODEC": args.codec})  # tests.settings reads it, here and in runconsumer
     server = start_redis()
     try:
         setup_django(server.url)
         client = server.client()
-        publish(args.messages, "noop")
-        print(f"published {args.messages} messages to a private redis-server on port {server.port}")
+        publish(args.messages, "noop", args.typed)
+        kind = "typed " if args.typed else ""
+        print(f"published {args.messages} {kind}messages with codec {args.codec} to a private redis-server on port {server.port}")
 
         proc = multiprocessing.Process(target=plain_loop, args=(server.url, "noop", "plain", args.messages))
         proc.start()

@@ -45,6 +45,9 @@ _ENCODERS = (  # order matters: a datetime is also a date
 )
 
 
+_BY_TYPE = {cls: (name, encode) for cls, name, encode in _ENCODERS}  # the exact types, found in one lookup
+
+
 def _parse_duration(text):
     value = parse_duration(text)
     if value is None:
@@ -78,21 +81,23 @@ def _bail(value):
 
 
 # -- the walk: typed values to text, their pointers recorded; errors named by their key path -------
+#
+# Only payloads that hold a typed value (or bad input) are walked: plain ones go through the engine
+# alone. The walk carries the JSON Pointer as a string; the Python key path of an error is built
+# only when there is one, as the error unwinds.
 
-def _pointer_token(key):
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _path_text(parts):
-    return "payload" + "".join(f"[{json.dumps(p, ensure_ascii=False)}]" for p in parts)
-
-
-def _fail(parts, reason):
-    raise PublishError(f"{_path_text(parts)}: {reason}")
+class _Bad(Exception):
+    def __init__(self, reason):
+        self.reason = reason
+        self.path = []  # keys and indexes, innermost last, filled in while unwinding
 
 
-def _json_key(key, parts):
-    """A dict key as the ``json`` module writes it (str, int, float, bool, None), or an error."""
+def _token(key):
+    return key.replace("~", "~0").replace("/", "~1") if ("~" in key or "/" in key) else key
+
+
+def _json_key(key):
+    """A dict key as the ``json`` module writes it (str, int, float, bool, None), or _Bad."""
     if isinstance(key, str):
         return str(key)
     if key is None or isinstance(key, bool):
@@ -101,58 +106,99 @@ def _json_key(key, parts):
         return str(int(key))
     if isinstance(key, float):
         if not math.isfinite(key):
-            _fail(parts, f"the key {key!r} is not JSON-serialisable (JSON has no NaN or Infinity)")
+            raise _Bad(f"the key {key!r} is not JSON-serialisable (JSON has no NaN or Infinity)")
         return float.__repr__(key)
-    _fail(parts, f"the key {key!r} ({type(key).__name__}) is not JSON-serialisable; keys must be str, int, float, "
-                 "bool or None")
+    raise _Bad(f"the key {key!r} ({type(key).__name__}) is not JSON-serialisable; keys must be str, int, float, "
+               "bool or None")
 
 
-def _walk(value, parts, types, active):
+def _walk(value, pointer, types, active):
     """``value`` as plain JSON values (base types only); each typed value's pointer goes into ``types``."""
-    if value is None or value is True or value is False:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
         return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
+    if kind is float:
         if not math.isfinite(value):
-            _fail(parts, f"{value!r} is not JSON-serialisable (JSON has no NaN or Infinity)")
-        return float(value)
+            raise _Bad(f"{value!r} is not JSON-serialisable (JSON has no NaN or Infinity)")
+        return value
+    exact = _BY_TYPE.get(kind)
+    if exact is not None and kind is not decimal.Decimal:
+        types[pointer] = exact[0]
+        return exact[1](value)
     if isinstance(value, (dict, list, tuple)):
         if id(value) in active:
-            _fail(parts, "circular reference (this container holds itself)")
+            raise _Bad("circular reference (this container holds itself)")
         active.add(id(value))
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                text = _json_key(key, parts)
-                out[text] = _walk(item, [*parts, text], types, active)
+                text = key if type(key) is str else _json_key(key)
+                try:
+                    out[text] = _walk(item, pointer + "/" + _token(text), types, active)
+                except _Bad as bad:
+                    bad.path.append(text)
+                    raise
         else:
-            out = [_walk(item, [*parts, i], types, active) for i, item in enumerate(value)]
+            out = []
+            for index, item in enumerate(value):
+                try:
+                    out.append(_walk(item, f"{pointer}/{index}", types, active))
+                except _Bad as bad:
+                    bad.path.append(index)
+                    raise
         active.discard(id(value))
         return out
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):  # bool and int subclasses (IntEnum...) as json writes them
+        return value if isinstance(value, bool) else int(value)
+    if isinstance(value, float):
+        return _walk(float(value), pointer, types, active)
     for cls, name, encode in _ENCODERS:
         if isinstance(value, cls):
             if name == "decimal" and not value.is_finite():
-                _fail(parts, f"Decimal({str(value)!r}) is not JSON-serialisable (JSON has no NaN or Infinity)")
-            types["".join("/" + _pointer_token(str(p)) for p in parts)] = name
+                raise _Bad(f"Decimal({str(value)!r}) is not JSON-serialisable (JSON has no NaN or Infinity)")
+            types[pointer] = name
             return encode(value)
     if isinstance(value, Promise):  # a lazy translation: its text, as DjangoJSONEncoder writes it
         return str(value)
-    _fail(parts, f"{type(value).__name__} is not JSON-serialisable")
+    raise _Bad(f"{type(value).__name__} is not JSON-serialisable")
 
 
 def plain(payload):
     """(plain JSON value, {pointer: type}) of ``payload``; PublishError naming the first bad key path."""
     types = {}
-    return _walk(payload, [], types, set()), types
+    try:
+        return _walk(payload, "", types, set()), types
+    except _Bad as bad:
+        path = "".join(f"[{json.dumps(p, ensure_ascii=False)}]" for p in reversed(bad.path))
+        raise PublishError(f"payload{path}: {bad.reason}") from None
+
+
+def _has_non_finite(value):
+    """Whether a float in ``value`` is NaN or infinite: what orjson would silently write as null."""
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list and kind is not tuple:
+        return isinstance(value, float) and not math.isfinite(value)
+    for item in value:
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return True
+        elif kind is dict or kind is list or kind is tuple or isinstance(item, float):
+            if _has_non_finite(item):
+                return True
+    return False
 
 
 # -- engines ----------------------------------------------------------------------------------------
 
-def _std_dumps(value):
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_bail)
+# One encoder, made once: json.dumps with options builds a new one per call.
+_std_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_bail).encode
 
 
 class JsonEngine:
@@ -188,8 +234,9 @@ _UUID_TEXT = re.compile(rb'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9
 class OrjsonEngine:
     """``orjson``: several times faster than ``json``, with the envelope and refusals kept the same.
 
-    orjson writes NaN/Infinity as null and UUIDs as strings without asking, so when its output holds
-    a ``null`` or a UUID-shaped string the payload is walked to refuse the one and type the other.
+    orjson writes NaN/Infinity as null and UUIDs as strings without asking: when its output holds a
+    ``null``, the payload's floats are checked (a lean walk); when it holds a UUID-shaped string, the
+    payload is walked to record the UUIDs' types.
     What orjson refuses (ints beyond 64 bits, lone surrogates, ...) goes the ``json`` engine's way.
     Reading, orjson turns ints beyond 64 bits into floats, and refuses lone surrogate escapes: entries
     that may hold those are better read with the ``json`` engine.
@@ -210,7 +257,9 @@ class OrjsonEngine:
             body = self._dumps(payload, default=_bail, option=self._options)
         except (_Unknown, TypeError):
             return self._fallback.dumps(payload)
-        if b"null" in body or _UUID_TEXT.search(body):
+        if b"null" in body and _has_non_finite(payload):
+            plain(payload)  # raises, naming the key path of the NaN
+        if _UUID_TEXT.search(body):
             converted, types = plain(payload)
             if types:
                 return self._dumps(converted, option=self._options), types
@@ -255,7 +304,7 @@ setting_changed.connect(_reset, weak=False)
 def encode(payload, codec=None):
     """(payload bytes, ``payload_types`` text or None) of ``payload``; PublishError for bad input."""
     body, types = engine(codec).dumps(payload)
-    return body, (None if types is None else json.dumps(types, separators=(",", ":"), ensure_ascii=False))
+    return body, (None if types is None else _std_dumps(types))
 
 
 # -- decoding -----------------------------------------------------------------------------------------
@@ -265,7 +314,8 @@ def _tokens(pointer):
         return []
     if not pointer.startswith("/"):
         raise ValueError(f"{pointer!r} is not a JSON Pointer")
-    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+    tokens = pointer[1:].split("/")
+    return [t.replace("~1", "/").replace("~0", "~") for t in tokens] if "~" in pointer else tokens
 
 
 def apply_types(value, types):
