@@ -10,7 +10,6 @@ redis-server, messages per second (Redis round trips included).
 import argparse
 import datetime
 import decimal
-import json
 import os
 import time
 import uuid
@@ -66,8 +65,8 @@ def main():
                 with override_settings(STREAMS={**settings.STREAMS, "CODEC": engine}):
                     fields = encode_message(payload)
                     raw = {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in fields.items()}
-                    encode_us = per_message(lambda: encode_message(payload))
-                    decode_us = per_message(lambda: Message("1-0", "s", "g", raw).payload)
+                    encode_us = per_message(lambda p=payload: encode_message(p))
+                    decode_us = per_message(lambda r=raw: Message("1-0", "s", "g", r).payload)
                 row += f"{encode_us:>16.2f}µs{decode_us:>16.2f}µs"
             print(f"{name:<14}{len(fields['payload']):>7}{row}")
         client = server.client()

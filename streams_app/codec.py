@@ -229,6 +229,7 @@ def _utf8(text):
 # A canonical UUID string anywhere in orjson's output: orjson writes UUID objects itself (it has no
 # option to hand them to ``default``), so such a string may be one whose type must be recorded.
 _UUID_TEXT = re.compile(rb'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")  # int64 ends at 9223372036854775807: 19 digits
 
 
 class OrjsonEngine:
@@ -238,8 +239,9 @@ class OrjsonEngine:
     ``null``, the payload's floats are checked (a lean walk); when it holds a UUID-shaped string, the
     payload is walked to record the UUIDs' types.
     What orjson refuses (ints beyond 64 bits, lone surrogates, ...) goes the ``json`` engine's way.
-    Reading, orjson turns ints beyond 64 bits into floats, and refuses lone surrogate escapes: entries
-    that may hold those are better read with the ``json`` engine.
+    Reading, what orjson would read otherwise than ``json`` goes to ``json`` too: text that orjson
+    refuses (lone surrogate escapes, NaN literals...) and text with 19 digits in a row, which may be
+    an integer beyond 64 bits that orjson would turn into a float.
     """
 
     name = "orjson"
@@ -249,8 +251,16 @@ class OrjsonEngine:
 
         self._dumps = orjson.dumps
         self._options = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_NON_STR_KEYS
-        self.loads = orjson.loads
+        self._loads = orjson.loads
         self._fallback = JsonEngine()
+
+    def loads(self, raw):
+        if type(raw) is bytes and _LONG_NUMBER.search(raw) is None:  # a decoded client's str goes to json
+            try:
+                return self._loads(raw)
+            except ValueError:  # orjson.JSONDecodeError; json says what is wrong, or accepts it as before
+                pass
+        return json.loads(raw)
 
     def dumps(self, payload):
         try:
@@ -354,10 +364,10 @@ def apply_types(value, types):
     return value
 
 
-def decode(raw, raw_types=None, loads=None, entry_id="?"):
+def decode(raw, raw_types=None, entry_id="?"):
     """The payload of an entry as its Python values; PayloadDecodeError for poison input."""
     try:
-        value = (loads or engine().loads)(raw)
+        value = engine().loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise PayloadDecodeError(f"entry {entry_id}: payload is not valid JSON ({exc})") from None
     if raw_types is None:

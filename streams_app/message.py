@@ -55,16 +55,23 @@ class Message:
     def payload(self):
         """The decoded JSON payload. Raises PayloadDecodeError for poison input."""
         if self._payload is _UNSET:
-            for name in PAYLOAD_FIELDS:
-                raw = _raw(self.raw_fields, name)
-                if raw is not None:
-                    break
+            fields = self.raw_fields
+            raw = fields.get(b"payload")
+            if raw is not None:  # the hot path: Shoal's field, a bytes client
+                # Only payloads holding datetimes, Decimals... carry payload_types (streams_app/codec.py).
+                types = fields.get(b"payload_types")
             else:
-                raise PayloadDecodeError(f"entry {self.id} has no 'payload' or 'data' field")
-            # Only payloads holding datetimes, Decimals... carry payload_types (streams_app/codec.py).
-            types = _raw(self.raw_fields, b"payload_types") if name == b"payload" else None
+                raw, types = self._other_payload_fields()
             self._payload = codec.decode(raw, types, entry_id=self.id)
         return self._payload
+
+    def _other_payload_fields(self):
+        """(payload, payload_types) of a decoded client's entry, or of an older producer's ``data``."""
+        for name in PAYLOAD_FIELDS:
+            raw = _raw(self.raw_fields, name)
+            if raw is not None:
+                return raw, (_raw(self.raw_fields, b"payload_types") if name == b"payload" else None)
+        raise PayloadDecodeError(f"entry {self.id} has no 'payload' or 'data' field")
 
     @property
     def headers(self):

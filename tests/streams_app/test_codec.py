@@ -2,6 +2,7 @@
 import datetime
 import decimal
 import json
+import math
 import uuid
 
 import pytest
@@ -145,6 +146,19 @@ def test_orjson_falls_back_to_json_where_it_would_differ(redis):
         assert codec.encode(payload, "orjson") == codec.encode(payload, "json")
     with pytest.raises(PublishError, match="lone surrogate"):
         codec.encode({"s": "\ud800"}, "orjson")
+
+
+def test_orjson_reads_what_json_reads_as_json_reads_it(redis, settings):
+    settings.STREAMS = {**settings.STREAMS, "CODEC": "orjson"}
+    for body in ['{"big":123456789012345678901234567890,"neg":-9223372036854775809}', '{"s":"\\ud800"}',
+                 '[1.5,2e-7,"caf\u00e9"]']:
+        entry = redis.xadd("jobs", {"payload": body})
+        assert delivered(redis, entry) == json.loads(body), body
+    entry = redis.xadd("jobs", {"payload": '{"n":NaN}'})  # not JSON, but json.loads takes it: so does Shoal, as before
+    assert math.isnan(delivered(redis, entry)["n"])
+    entry = redis.xadd("jobs", {"payload": "{bad"})
+    with pytest.raises(PayloadDecodeError, match="payload is not valid JSON"):
+        delivered(redis, entry)
 
 
 def test_payload_types_that_do_not_fit_make_the_entry_poison(redis):
