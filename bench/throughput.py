@@ -55,7 +55,8 @@ def run_consumer(client, url, total, *options):
     """Seconds ``runconsumer noop:bench [options]`` takes to consume ``total`` entries; then TERM it."""
     proc = manage("runconsumer", "noop:bench", "-v", "0", *options, redis_url=url)
     try:
-        return time_consumption(client, "noop", "bench", total)
+        # One process: its CPU time too (with --workers N the work is in the children).
+        return time_consumption(client, "noop", "bench", total, pid=None if options else proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -66,29 +67,32 @@ def main():
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--workers", type=int, default=1,
                         help="with N > 1, also time the supervisor with N worker processes (runconsumer --workers N)")
-    parser.add_argument("--codec", default="json", help="STREAMS['CODEC'] of the publisher and the consumers")
+    parser.add_argument("--codec", help="STREAMS['CODEC'] of the publisher and the consumers (default: the setting's)")
     parser.add_argument("--typed", action="store_true", help="payloads with a datetime, a Decimal and a UUID")
     args = parser.parse_args()
-    os.environ["SHOAL_TEST_STREAMS"] = json.dumps({"CODEC": args.codec})  # tests.settings reads it, here and in runconsumer
+    if args.codec:
+        os.environ["SHOAL_TEST_STREAMS"] = json.dumps({"CODEC": args.codec})  # tests.settings reads it, here and in runconsumer
     server = start_redis()
     try:
         setup_django(server.url)
         client = server.client()
         publish(args.messages, "noop", args.typed)
         kind = "typed " if args.typed else ""
-        print(f"published {args.messages} {kind}messages with codec {args.codec} to a private redis-server on port {server.port}")
+        print(f"published {args.messages} {kind}messages with codec {args.codec or 'default'} to a private redis-server on port {server.port}")
 
         proc = multiprocessing.Process(target=plain_loop, args=(server.url, "noop", "plain", args.messages))
         proc.start()
-        plain = time_consumption(client, "noop", "plain", args.messages)
+        plain, plain_cpu = time_consumption(client, "noop", "plain", args.messages, pid=proc.pid)
         proc.join()
         plain_rate = args.messages / plain
-        print(f"(a) plain redis-py loop:      {plain_rate:>10,.0f} msgs/s  ({plain:.2f} s)")
+        print(f"(a) plain redis-py loop:      {plain_rate:>10,.0f} msgs/s  ({plain:.2f} s)"
+              f"  CPU {plain_cpu / args.messages * 1e6:.2f} µs/msg")
 
-        one = run_consumer(client, server.url, args.messages)
+        one, one_cpu = run_consumer(client, server.url, args.messages)
         one_rate = args.messages / one
-        print(f"{'(b) runconsumer, 1 process:':<30}{one_rate:>10,.0f} msgs/s  ({one:.2f} s)")
-        print(f"ratio b/a: {one_rate / plain_rate:.2f}")
+        print(f"{'(b) runconsumer, 1 process:':<30}{one_rate:>10,.0f} msgs/s  ({one:.2f} s)"
+              f"  CPU {one_cpu / args.messages * 1e6:.2f} µs/msg")
+        print(f"ratio b/a: {one_rate / plain_rate:.2f}  (CPU per message a/b: {plain_cpu / one_cpu:.2f})")
         if args.workers > 1:
             client.xgroup_destroy("noop", "bench")  # the same entries again, for a fresh group
             pool = run_consumer(client, server.url, args.messages, "--workers", str(args.workers))

@@ -24,7 +24,7 @@ import json
 import math
 import re
 import uuid
-from functools import cache
+from functools import cache, lru_cache
 
 from django.core.signals import setting_changed
 from django.utils.dateparse import parse_duration
@@ -328,18 +328,35 @@ def _tokens(pointer):
     return [t.replace("~1", "/").replace("~0", "~") for t in tokens] if "~" in pointer else tokens
 
 
+def _plan(types):
+    """[(pointer, tokens, name, decoder)] of a ``payload_types`` object; ValueError if it is not one."""
+    if not isinstance(types, dict):
+        raise ValueError("payload_types must be a JSON object of JSON Pointer -> type")
+    plan = []
+    for pointer, name in types.items():
+        decoder = DECODERS.get(name) if isinstance(name, str) else None
+        if decoder is None:
+            raise ValueError(f"payload_types: unknown type {name!r} at {pointer!r}")
+        plan.append((pointer, _tokens(pointer), name, decoder))
+    return plan
+
+
+@lru_cache(maxsize=1024)
+def _cached_plan(raw_types):
+    # Entries of one kind share one payload_types text: parse it once, not per message.
+    return _plan(json.loads(raw_types))
+
+
 def apply_types(value, types):
     """``value`` with each value listed in ``types`` ({pointer: type}) turned back into its type.
 
     Raises ValueError naming the pointer when a listed value is missing, not text, or not of its type.
     """
-    if not isinstance(types, dict):
-        raise ValueError("payload_types must be a JSON object of JSON Pointer -> type")
-    for pointer, name in types.items():
-        decode = DECODERS.get(name)
-        if decode is None:
-            raise ValueError(f"payload_types: unknown type {name!r} at {pointer!r}")
-        tokens = _tokens(pointer)
+    return _apply(value, _plan(types))
+
+
+def _apply(value, plan):
+    for pointer, tokens, name, decoder in plan:
         parent, last = None, None
         node = value
         for token in tokens:
@@ -354,7 +371,7 @@ def apply_types(value, types):
         if not isinstance(node, str):
             raise ValueError(f"payload_types: the value at {pointer!r} is not text, so not a {name}")
         try:
-            typed = decode(node)
+            typed = decoder(node)
         except (ValueError, ArithmeticError):
             raise ValueError(f"payload_types: {node!r} at {pointer!r} is not a {name}") from None
         if parent is None:
@@ -373,6 +390,6 @@ def decode(raw, raw_types=None, entry_id="?"):
     if raw_types is None:
         return value
     try:
-        return apply_types(value, json.loads(raw_types))
+        return _apply(value, _cached_plan(raw_types))
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadDecodeError(f"entry {entry_id}: {exc}") from None
