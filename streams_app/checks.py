@@ -78,10 +78,10 @@ def _check_codec(name):
 
     if name not in ENGINES:
         return [Error(f"STREAMS['CODEC'] is {name!r}, which is not a codec.",
-                      hint=f"Use one of {', '.join(map(repr, ENGINES))} (default 'json').", id="streams_app.E030")]
+                      hint=f"Use one of {', '.join(map(repr, ENGINES))} (default 'orjson').", id="streams_app.E030")]
     problem = engine_error(name)
     if problem:
-        return [Error(f"STREAMS['CODEC'] is {name!r}, but {problem}.", hint=f"pip install {name}, or use 'json'.",
+        return [Error(f"STREAMS['CODEC'] is {name!r}, but {problem}.", hint=f"pip install {name} (it is in requirements.txt), or set STREAMS['CODEC'] = 'json'.",
                       id="streams_app.E030")]
     return []
 

@@ -229,7 +229,10 @@ def _utf8(text):
 # A canonical UUID string anywhere in orjson's output: orjson writes UUID objects itself (it has no
 # option to hand them to ``default``), so such a string may be one whose type must be recorded.
 _UUID_TEXT = re.compile(rb'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")  # int64 ends at 9223372036854775807: 19 digits
+# 19 digits in a row may be an integer beyond int64 (9223372036854775807): found by mapping every digit
+# to "0" and looking for 19 zeros, several times faster than a regular expression.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_ZEROS = b"0" * 19
 
 
 class OrjsonEngine:
@@ -255,7 +258,8 @@ class OrjsonEngine:
         self._fallback = JsonEngine()
 
     def loads(self, raw):
-        if type(raw) is bytes and _LONG_NUMBER.search(raw) is None:  # a decoded client's str goes to json
+        # A decoded client's str goes to json too.
+        if type(raw) is bytes and _NINETEEN_ZEROS not in raw.translate(_DIGITS_TO_ZERO):
             try:
                 return self._loads(raw)
             except ValueError:  # orjson.JSONDecodeError; json says what is wrong, or accepts it as before
@@ -269,7 +273,7 @@ class OrjsonEngine:
             return self._fallback.dumps(payload)
         if b"null" in body and _has_non_finite(payload):
             plain(payload)  # raises, naming the key path of the NaN
-        if _UUID_TEXT.search(body):
+        if b"-" in body and _UUID_TEXT.search(body):
             converted, types = plain(payload)
             if types:
                 return self._dumps(converted, option=self._options), types

@@ -36,10 +36,11 @@ SETTINGS = (
     Setting("MAX_PAYLOAD_BYTES", 1024 * 1024, POSITIVE_INT,
             "The largest entry ``publish`` accepts: payload, key and headers together, in bytes of UTF-8. "
             "Redis holds streams in memory."),
-    Setting("CODEC", "json", CODEC_NAME,
-            "The engine that writes and reads payload JSON: ``json`` (the standard library) or ``orjson`` "
-            "(``pip install orjson``; faster, see docs/publishing.md). Both write the same envelope, so producers "
-            "and consumers may differ; ``publish(..., codec=...)`` overrides it per call.", check_id="E030"),
+    Setting("CODEC", "orjson", CODEC_NAME,
+            "The engine that writes and reads payload JSON: ``orjson`` (in requirements.txt; measured faster, "
+            "bench/README.md) or ``json`` (the standard library). Both write the same envelope with the same "
+            "refusals, so producers and consumers may differ; ``publish(..., codec=...)`` overrides it per call.",
+            check_id="E030"),
     Setting("RECONNECT_BACKOFF_MAX", 5.0, POSITIVE_NUMBER,
             "Ceiling, in seconds, of the exponential back-off between attempts to reach an unreachable Redis."),
     Setting("RETRY_BACKOFF", 1.0, POSITIVE_NUMBER,

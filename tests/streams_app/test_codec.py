@@ -206,3 +206,15 @@ def test_python_replay_override_keeps_types_and_a_plain_override_drops_the_old_o
     first, second = (i for i, _ in redis.xrange("jobs"))
     assert delivered(redis, first) == {"total": decimal.Decimal("1.10")}
     assert delivered(redis, second) == {"at": "not a date any more"}
+
+
+def test_without_the_orjson_package_the_default_codec_is_a_configuration_error(settings, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "orjson", None)  # "import orjson" raises ImportError, as when not installed
+    codec.engine.cache_clear()
+    [error] = check_streams_settings()
+    assert error.id == "streams_app.E030" and "cannot be imported" in error.msg and "'json'" in error.hint
+    settings.STREAMS = {**settings.STREAMS, "CODEC": "json"}
+    assert check_streams_settings() == []
+    codec.engine.cache_clear()
