@@ -118,3 +118,11 @@ def test_edited_replay_refuses_types_that_do_not_fit_and_replays_nothing(redis, 
     gone = client.post(url, {"payload": '{"when": "2026-01-01"}', "payload_types": '{"/at": "date"}', "post": "yes"})
     assert gone.status_code == 400 and b"is not in the payload" in gone.content
     assert redis.xlen(keys.dead_letter_key("typed")) == 1 and redis.xlen("typed") == 0
+
+
+def test_an_async_handler_gets_the_same_types(redis, run_consumer):
+    worker = run_consumer("atyped:g")
+    publish("atyped", typed_payload())
+    assert seen(redis, 1) == expected()
+    worker.signal(15)
+    assert worker.wait(60) == 0, worker.output()

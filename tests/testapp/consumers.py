@@ -252,3 +252,11 @@ def records_payload_types(message):
     conn.rpush("typed:seen", json.dumps(_described(message.payload)))
     if failing:
         raise RuntimeError("asked to fail by typed:fail")
+
+
+@consumer("atyped", group="g")
+async def records_payload_types_async(message):
+    """The same record from an async handler: the payload is decoded before the coroutine runs."""
+    import json
+
+    await asyncio.to_thread(get_connection().rpush, "typed:seen", json.dumps(_described(message.payload)))
