@@ -30,9 +30,9 @@ def fill_dead_letters(client, stream, count, start=0):
     pipe = client.pipeline(transaction=False)
     for n in range(start, start + count):
         pipe.xadd(f"{{{stream}}}:dlq", {
-            "payload": json.dumps({"order": n, "sku": None}), "origin_stream": stream, "origin_id": f"1-{n}",
-            "group": "email", "consumer": "bench", "deliveries": "5", "error": "KeyError: 'sku'",
-            "traceback": "Traceback (most recent call last):\n  ...\nKeyError: 'sku'", "failed_at": str(int(time.time() * 1000)),
+            "payload": json.dumps({"order": n, "sku": None}), "shoal:origin_stream": stream, "shoal:origin_id": f"1-{n}",
+            "shoal:group": "email", "shoal:consumer": "bench", "shoal:deliveries": "5", "shoal:error": "KeyError: 'sku'",
+            "shoal:traceback": "Traceback (most recent call last):\n  ...\nKeyError: 'sku'", "shoal:failed_at": str(int(time.time() * 1000)),
         })
         if n % 5000 == 4999:
             pipe.execute()

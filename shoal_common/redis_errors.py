@@ -33,3 +33,22 @@ def is_no_such_key(exc):
 def is_missing(exc):
     """The stream or its group does not exist (yet): consumers create both when they start."""
     return is_nogroup(exc) or is_no_such_key(exc)
+
+
+def is_lost_group(exc):
+    """The group vanished under a reader: NOGROUP, or a blocked XREADGROUP whose stream key was deleted
+    meanwhile (FLUSHALL, FLUSHDB, DEL), which gets "UNBLOCKED the stream key no longer exists"."""
+    return is_nogroup(exc) or _says(exc, "UNBLOCKED the stream key no longer exists")
+
+
+def is_oom(exc):
+    """Redis refused a write at ``maxmemory`` (noeviction). Reads, XACK and XCLAIM still work then.
+
+    By message as well as class: inside a script or a pipeline the error may arrive re-wrapped.
+    """
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or _says(exc, "used memory > 'maxmemory'")
+
+
+def is_no_permission(exc):
+    """The Redis user's ACL forbids the command (a least-privilege user; see "Redis ACL" in the docs)."""
+    return isinstance(exc, redis.exceptions.NoPermissionError) or _says(exc, "NOPERM")

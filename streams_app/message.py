@@ -12,6 +12,8 @@ from streams_app.exceptions import PayloadDecodeError
 PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; both are read.
 
 _UNSET = object()
+# Reserved by Shoal (streams_app.deadletters.store.RESERVED_FIELDS): set on replayed dead letters.
+TARGET_GROUP_FIELD = b"shoal:target_group"
 
 
 def _text(value):
@@ -99,7 +101,7 @@ class Message:
     @property
     def target_group(self):
         """Set on replayed dead letters: only this group handles the entry; others ack it unseen."""
-        raw = _raw(self.raw_fields, b"target_group")
+        raw = _raw(self.raw_fields, TARGET_GROUP_FIELD)
         return None if raw is None else _text(raw)
 
     @property

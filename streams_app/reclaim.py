@@ -155,8 +155,14 @@ class Reclaimer:
             cursor = "(" + _str(rows[-1]["message_id"])
         if not over:
             return 0
-        results = deadletters.move(self.conn, spec.stream, spec.group, [(i, deadletters.RECORDED_ERROR, "") for i in over])
-        moved = sum(1 for r in results if r not in (0, "gone"))
+        result = deadletters.move(self.conn, spec.stream, spec.group, [(i, deadletters.RECORDED_ERROR, "") for i in over])
+        if result.refused:
+            entry_id, why = result.refused[0]
+            report.errors.append(f"{spec.name}: {len(result.refused)} dead-letter moves refused ({why})")
+            logger.warning("Reclaimer: Redis refused to move %d entries of %s to %s (first: %s: %s); "
+                           "they stay pending and the next pass tries again", len(result.refused), spec.name,
+                           keys.dead_letter_key(spec.stream), entry_id, why)
+        moved = len(result.moved)
         if moved:
             report.dead_lettered[spec.name] = moved
             metrics.reclaimer_dead_lettered.labels(spec.stream, spec.group).inc(moved)

@@ -189,28 +189,31 @@ def _stale_pending(conn, infos, timeout_ms):
 # -- dead letters -----------------------------------------------------------------------------
 
 def dead_letter_row(stream, entry_id, fields, now):
+    from streams_app.deadletters.store import PACKED_FIELDS
+    from streams_app.deadletters.store import DeadLetter as Letter
     from streams_app.models import DeadLetter
 
-    fields = {_text(k): _text(v) for k, v in fields.items()}
-    failed_at = fields.get("failed_at", "")
-    deliveries = fields.get("deliveries", "")
-    error = fields.get("error", "")
-    from streams_app.deadletters.store import METADATA_FIELDS
-
+    decoded = {_text(k): _text(v) for k, v in fields.items()}
+    packed = fields.get(PACKED_FIELDS.encode(), fields.get(PACKED_FIELDS))
+    if packed is not None:
+        decoded[PACKED_FIELDS] = packed  # unpacked from the raw bytes: netstring lengths count bytes
+    letter = Letter(_text(entry_id), decoded)
+    original = {_text(k): _text(v) for k, v in letter.original_fields.items()}
+    failed_at = letter.failed_at
     return DeadLetter(
         stream=stream,
-        entry_id=_text(entry_id),
-        entry_sort=entry_sort_key(_text(entry_id)),
-        origin_id=fields.get("origin_id", ""),
-        group=fields.get("group", ""),
-        consumer=fields.get("consumer", ""),
-        deliveries=int(deliveries) if deliveries.isdigit() else None,
-        error=error,
-        error_type=error_type(error)[:200],
-        traceback=fields.get("traceback", ""),
-        failed_at=ms_to_datetime(failed_at) if failed_at.isdigit() else None,
-        payload=fields.get("payload", fields.get("data", "")),
-        fields={k: v for k, v in fields.items() if k not in METADATA_FIELDS},
+        entry_id=letter.id,
+        entry_sort=entry_sort_key(letter.id),
+        origin_id=letter.origin_id,
+        group=letter.group,
+        consumer=letter.consumer,
+        deliveries=letter.deliveries,
+        error=letter.error,
+        error_type=error_type(letter.error)[:200],
+        traceback=letter.traceback,
+        failed_at=ms_to_datetime(str(failed_at)) if failed_at is not None else None,
+        payload=original.get("payload", original.get("data", "")),
+        fields=original,
         synced_at=now,
     )
 

@@ -187,8 +187,8 @@ def _apply(conn, request, stream, group, action, ids, target):
         pipe.hexists(keys.error_key(stream, group, entry_id), "error")
     recorded = pipe.execute()
     note = f"moved to the dead letters by {request.user.get_username()} from the admin"
-    results = deadletters.move(conn, stream, group, [(i, "" if r else note, "") for i, r in zip(still, recorded)])
-    return [i for i, r in zip(still, results) if r not in (0, "0", "gone")]
+    result = deadletters.move(conn, stream, group, [(i, "" if r else note, "") for i, r in zip(still, recorded)])
+    return [entry_id for entry_id, _ in result.moved]
 
 
 def replay_edited(model_admin, request, object_id):

@@ -1,7 +1,7 @@
 """Consumer-group setup: idempotent, and never destructive."""
 import redis
 
-from shoal_common.redis_errors import is_busygroup, is_nogroup, is_wrongtype  # noqa: F401  (re-exported)
+from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
 from shoal_common.text import to_text
 from streams_app.exceptions import StreamTypeError
 
@@ -10,12 +10,16 @@ def ensure_group(conn, stream, group, start="0"):
     """Create ``group`` on ``stream`` (and the stream) unless it exists. Return True if created.
 
     BUSYGROUP means another process created it first: that is success. A key of another type is
-    reported and left untouched.
+    reported and left untouched. At maxmemory Redis refuses XGROUP CREATE before it would say
+    BUSYGROUP: an existing group is then ready all the same (reading and acking work at maxmemory);
+    a missing one cannot be made, and the OOM error is raised.
     """
     try:
         conn.xgroup_create(stream, group, id=start, mkstream=True)
     except redis.ResponseError as exc:
         if is_busygroup(exc):
+            return False
+        if is_oom(exc) and group_exists(conn, stream, group):
             return False
         if is_wrongtype(exc):
             kind = key_type(conn, stream)
@@ -26,6 +30,16 @@ def ensure_group(conn, stream, group, start="0"):
             ) from None
         raise
     return True
+
+
+def group_exists(conn, stream, group):
+    try:
+        groups = conn.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if is_wrongtype(exc):
+            raise
+        return False  # no such key
+    return group in {to_text(g["name"]) for g in groups}
 
 
 def key_type(conn, key):

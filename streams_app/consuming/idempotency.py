@@ -5,7 +5,9 @@ timeout>`` per message; an existing ``done`` means a duplicate (acked unseen), a
 ``running`` means another consumer is handling the same key right now (the entry fails and is
 retried after its back-off). After the chunk, ``done`` is set with IDEMPOTENCY_TTL for successes
 and the guard is deleted for failures, so retries run. The running mark expires with the pending
-timeout, so a worker killed mid-handler does not block its message forever. Two round trips per
+timeout, so a worker killed mid-handler does not block its message forever; a live holder renews it
+with the entry's idle time (GroupLoop.keep_alive), so a handler slower than the pending timeout
+keeps its mark and is never run a second time next to itself. Two round trips per
 chunk; fast, but effects in other systems may still happen twice if a worker dies after them.
 
 ``idempotent="db"``: a ProcessedMessage row (unique stream, group, key) is inserted in the same
@@ -65,8 +67,10 @@ class RedisGuard:
         self.running_ms = running_ms
         self.ttl = ttl
 
-    def _key(self, message):
+    def mark_key(self, message):
         return keys.idempotency_key(self.stream, self.group, message_key(message))
+
+    _key = mark_key
 
     def begin(self, messages):
         """Split into (to run, duplicates to ack, [(message, DuplicateInFlight)])."""

@@ -29,10 +29,12 @@ from streams_app.deadletters import store as deadletters
 from streams_app.consuming import liveness
 
 from streams_app.metrics import consumer as metrics
+from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom
 from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
-from streams_app.consuming.groups import ensure_group, is_nogroup
+from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.idempotency import make_guard
 from streams_app.keys import dead_letter_key
 from streams_app.message import Message
@@ -49,6 +51,13 @@ CHUNK_TARGET_SECONDS = 0.005
 PENDING_PAGE = 200
 # Dead consumers whose entries one claim pass looks at (the rest wait for the next pass).
 DEAD_CONSUMERS_PER_PASS = 10
+# Held entries are kept alive (their idle time reset) this often, as a fraction of the pending
+# timeout, and reads are bounded to what the threads can start within this fraction of it.
+KEEP_ALIVE_FRACTION = 4
+# Entries per keep-alive script run: keeps one run short, so it does not stall other clients.
+KEEP_ALIVE_BATCH = 500
+# How long dead-letter moves Redis refused (maxmemory) wait before they are tried again.
+REFUSED_RETRY_SECONDS = 1.0
 
 
 _str = to_text
@@ -78,6 +87,7 @@ class GroupLoop:
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
+        self.threads = threads
         if spec.is_async:
             # ``executor`` is the worker's EventLoopRunner: one coroutine per message, as many in
             # flight as the concurrency bound. No chunking: a chunk's messages would be awaited one
@@ -89,6 +99,11 @@ class GroupLoop:
             self.run_chunk = run_chunk
             self.slots = 2 * threads
             self.max_chunk = max(1, -(-self.batch // threads))
+        self.keep_alive_every = self.pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION
+        self.next_keep_alive = 0.0
+        self.last_read_id = None  # where to recreate a group lost while consuming (see _group_lost)
+        self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
+        self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
         self.seconds_per_message = None
 
@@ -132,28 +147,54 @@ class GroupLoop:
         except TRANSIENT_ERRORS as exc:
             self._redis_down(exc)
         except redis.ResponseError as exc:
-            if not is_nogroup(exc):
+            if is_oom(exc):
+                # At maxmemory: only a missing group's creation gets here (reads and acks work).
+                refusals.refused("group", exc)
+                self.shutdown.wait(REFUSED_RETRY_SECONDS)
+                return
+            if not is_lost_group(exc):
                 raise
-            # Redis lost the group (restart without persistence, FLUSHALL): make it again.
-            logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it", self.consumer, self.group, self.stream, exc)
-            self.ready = False
+            self._group_lost(exc)
+
+    def _group_lost(self, exc):
+        """The group vanished under the loop: FLUSHALL/FLUSHDB, DEL of the stream, XGROUP DESTROY, or a
+        Redis restart without persistence. Recreate it, as for a first start.
+
+        Where: after the last entry this loop read, if it read any. A group destroyed on a stream that
+        still holds its entries would otherwise be recreated at ``start`` ("0"): the whole stream
+        handled again and its poison dead-lettered a second time. After a flush the old ids are gone
+        and new entries get later ids, so nothing published since is skipped. Entries that were
+        pending in the lost group are no longer tracked: their takeover and dead-lettering went with it.
+        """
+        self.ready = False
+        if self.last_read_id is None:
+            logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it from %s",
+                           self.consumer, self.group, self.stream, exc, self.spec.start)
+            return
+        logger.error("Consumer %s: group %s on %s vanished while consuming (%s): flushed, deleted or XGROUP "
+                     "DESTROYed. Recreating it after the last entry this consumer read (%s), so nothing is "
+                     "handled twice; entries that were pending in the lost group are no longer tracked.",
+                     self.consumer, self.group, self.stream, exc, self.last_read_id)
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
         if not self.ready:
-            if ensure_group(self.conn, self.stream, self.group, self.spec.start):
-                logger.info("Consumer %s: created group %s on %s", self.consumer, self.group, self.stream)
+            start = self.last_read_id or self.spec.start
+            if ensure_group(self.conn, self.stream, self.group, start):
+                logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream, start)
             self.ready = True
         self.collect()
         self.flush_acks()
         self.flush_failures()
+        self.keep_alive(now)
         free = self.slots - self.busy_chunks
-        if self.busy_chunks and free < max(1, self.slots // 2):
-            self.collect(timeout=min(1.0, self.block_ms / 1000))
+        room = self._time_room()
+        if self.busy_chunks and (free < max(1, self.slots // 2) or room < 1):
+            self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))
             self.flush_acks()
             self.flush_failures()
             return
-        capacity = min(self.batch, free * self.chunk_size)
+        capacity = max(1, min(self.batch, free * self.chunk_size, room))
         next_retry = self.retries[0][0] if self.retries else float("inf")
         if self.claim_cursor is not None or now >= self.next_claim or now >= next_retry:
             entries = self.take_over(capacity, now)
@@ -176,7 +217,51 @@ class GroupLoop:
             reply = self.reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
         finally:
             self.reading = False
-        return [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
+        entries = [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
+        if entries:
+            self.last_read_id = entries[-1][0]
+        return entries
+
+    def _time_room(self):
+        """How many more entries the threads can start within a fraction of the pending timeout.
+
+        Reads are bounded by time as well as by free slots: chunk sizes follow past handler speed, so
+        after fast traffic a read could take hundreds of entries that slow handlers will not start for
+        minutes. Whatever is held anyway (handlers slow down after the read) is kept alive.
+        """
+        if self.seconds_per_message is None:
+            return self.batch
+        horizon = self.pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION
+        parallel = self.slots if self.spec.is_async else self.threads  # coroutines, or handler threads
+        startable = int(parallel * horizon / max(self.seconds_per_message, 1e-7))
+        return max(parallel, startable) - self.held
+
+    @property
+    def held(self):
+        return sum(len(chunk) for chunk in self.chunks.values())
+
+    def keep_alive(self, now):
+        """Reset the idle time of every entry this loop holds (running or queued for a thread).
+
+        Idle time in the PEL is what other consumers and the reclaim daemon read as "abandoned": a
+        handler slower than the pending timeout, or entries queued behind slow ones, must not look
+        so while this process is alive. Renewed every quarter of the pending timeout; a frozen or
+        partitioned process stops renewing and is taken over as before. The redis guard's running
+        marks of the same entries are renewed with them, so a mark lasts as long as its holder.
+        """
+        if not self.chunks:
+            self.next_keep_alive = now + self.keep_alive_every  # what is read next is fresh
+            return
+        if now < self.next_keep_alive:
+            return
+        self.next_keep_alive = now + self.keep_alive_every
+        messages = [m for chunk in list(self.chunks.values()) for m in chunk]
+        marks = getattr(self.guard, "mark_key", None)
+        for start in range(0, len(messages), KEEP_ALIVE_BATCH):
+            batch = messages[start : start + KEEP_ALIVE_BATCH]
+            script_keys = [self.stream] + ([marks(m) for m in batch] if marks else [])
+            scripts.run(self.conn, "keep_alive", script_keys,
+                        [self.group, self.consumer, self.guard.running_ms if marks else 0, *(m.id for m in batch)])
 
     def take_over(self, capacity, now):
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
@@ -206,7 +291,17 @@ class GroupLoop:
         candidates = lapsed & holders
         if not candidates:
             return []
-        connected = {c.get("name") for c in self.conn.client_list()}
+        if not self.can_list_clients:
+            return []
+        try:
+            connected = {c.get("name") for c in self.conn.client_list()}
+        except redis.ResponseError as exc:
+            if not is_no_permission(exc):
+                raise
+            self.can_list_clients = False
+            logger.warning("Consumer %s: the Redis user may not run CLIENT LIST (%s): consumers known dead are "
+                           "not taken over at once; their entries are taken over after PENDING_TIMEOUT_MS", self.consumer, exc)
+            return []
         dead = sorted(n for n in candidates if liveness.reader_client_name(n) not in connected)
         if self.guard is not None:
             self.guard.confirmed_dead = frozenset(dead)
@@ -331,6 +426,11 @@ class GroupLoop:
         try:
             result = future.result()
         except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
+            if is_oom(exc):  # the redis guard cannot set its marks at maxmemory: run these later
+                refusals.refused("idempotency", exc)
+                for message in chunk:
+                    self._schedule_retry(message.id, message.deliveries)
+                return
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
             # A failed delivery like any other, so even an error outside the handler that repeats
             # on every delivery ends in the dead-letter stream at max_deliveries, not in a loop.
@@ -360,21 +460,42 @@ class GroupLoop:
         heapq.heappush(self.retries, (due, entry_id, deliveries))
 
     def flush_failures(self):
-        """Record last errors and make dead-letter moves in one round trip (failures only: off the hot path)."""
+        """Record last errors and make dead-letter moves in one round trip (failures only: off the hot path).
+
+        At maxmemory Redis refuses both: last errors are skipped (a dead letter then says no error was
+        recorded), moves stay queued and are tried again after REFUSED_RETRY_SECONDS; the entries stay
+        pending meanwhile, so nothing is lost and nothing else waits for them.
+        """
         if not self.errors and not self.to_dead_letter:
             return
+        if not self.errors and self.clock() < self.moves_due:
+            return
+        self.to_dead_letter = list({f[0]: f for f in self.to_dead_letter}.values())  # audit passes re-add
         pipe = self.conn.pipeline(transaction=False)
         deadletters.record_errors(self.conn, self.stream, self.group, self.consumer, self.errors, self.error_ttl, pipeline=pipe)
-        deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
-        replies = pipe.execute()
-        moved = [r for reply in replies[2 * len(self.errors):] for r in reply if r not in (0, b"gone", "gone")]
-        if moved:
-            self.dead_lettered += len(moved)
-            metrics.record_dead_lettered(self.stream, self.group, len(moved))
-            logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(moved),
+        moves = deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        result = moves.result(replies)  # raises NOGROUP/WRONGTYPE like a plain command would
+        problems = [r for r in replies if isinstance(r, Exception)]
+        oom = next((r for r in problems if is_oom(r)), None)
+        if oom is not None and self.errors:
+            refusals.refused("last_error", oom)
+        elif problems and not result.refused:
+            logger.warning("Consumer %s: could not record %d last errors of %s/%s: %s", self.consumer,
+                           len(self.errors), self.stream, self.group, problems[0])
+        if result.moved:
+            self.dead_lettered += len(result.moved)
+            metrics.record_dead_lettered(self.stream, self.group, len(result.moved))
+            logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(result.moved),
                            self.stream, self.group, dead_letter_key(self.stream))
         self.errors = []
-        self.to_dead_letter = []
+        refused = {entry_id for entry_id, _ in result.refused}
+        self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in refused]
+        if refused:
+            self.moves_due = self.clock() + REFUSED_RETRY_SECONDS
+            refusals.refused("dead_letter", result.refused[0][1])
+        elif oom is None:
+            refusals.accepted()
 
     def _adapt_chunk(self, seconds):
         avg = self.seconds_per_message
@@ -397,6 +518,10 @@ class GroupLoop:
         while self.busy_chunks and self.clock() < self.shutdown.deadline:
             self.collect(timeout=min(0.1, max(0.001, self.shutdown.deadline - self.clock())))
             self._try_flush()
+            try:
+                self.keep_alive(self.clock())
+            except (*TRANSIENT_ERRORS, redis.ResponseError):
+                pass  # entries not kept alive are taken over after the pending timeout: at worst run twice
         self.collect()
         while (self.to_ack or self.to_dead_letter) and not self._try_flush() and self.clock() < self.shutdown.deadline:
             time.sleep(0.1)

@@ -18,13 +18,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import redis
+
 from shoal_common import early_signals, logformat
 from streams_app import broadcast
 
 from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
+from shoal_common.redis_errors import is_no_permission, is_oom
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
+from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.loop import GroupLoop
@@ -35,6 +39,10 @@ logger = logging.getLogger("streams_app.consumer")
 # EXIT_CRASH: a read loop died of an unexpected error, let the supervisor replace the process;
 # EXIT_FORCED: a second signal, stopped without waiting for handlers; EXIT_CONFIG: cannot start as
 # configured, restarting would not help. (Re-exported here: runconsumer imports them from this module.)
+
+# Without CLIENT UNBLOCK (a least-privilege Redis user) a stop waits for the blocked read to end:
+# reads block at most this long then.
+SHORT_BLOCK_MS = 500
 
 
 class Shutdown(threading.Event):
@@ -71,6 +79,7 @@ class Worker:
         self.stuck = 0  # handler chunks still running after the shutdown timeout
         self.liveness_due = 0.0
         self.heartbeat = heartbeat
+        self.can_unblock = True  # False when the Redis user may not run CLIENT LIST / CLIENT UNBLOCK
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -118,6 +127,11 @@ class Worker:
             except TRANSIENT_ERRORS as exc:
                 logger.warning("Consumer %s: Redis unreachable at start (%s); the read loops will keep trying", self.name, exc)
                 break
+            except redis.ResponseError as exc:
+                if not is_oom(exc):
+                    raise
+                refusals.refused("group", exc)  # the group's loop keeps trying to create it
+        self.check_client_commands(conn)
         self.executor = self.executor_class(self.threads, thread_name_prefix="shoal-handler")
         if any(spec.is_async for spec in self.specs):
             self.event_loop = EventLoopRunner(self.concurrency)
@@ -127,10 +141,31 @@ class Worker:
                 executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
             )
+            if not self.can_unblock:
+                loop.block_ms = min(loop.block_ms, SHORT_BLOCK_MS)
+                loop.can_list_clients = False
             thread = threading.Thread(target=self._run_loop, args=(loop,), name=f"shoal-read-{spec.name}", daemon=True)
             self.loops.append(loop)
             self.threads_.append(thread)
             thread.start()
+
+    def check_client_commands(self, conn):
+        """Find out once whether this Redis user may run CLIENT LIST (CLIENT UNBLOCK is in the same ACL
+        categories, @admin @dangerous). Without them Shoal degrades, it does not fail: a stop waits for
+        a short blocking read to end instead of cutting it short, and consumers known dead are taken
+        over after the pending timeout instead of at once."""
+        try:
+            conn.client_list(_type="pubsub")
+        except TRANSIENT_ERRORS:
+            return
+        except redis.ResponseError as exc:
+            if not is_no_permission(exc):
+                raise
+            self.can_unblock = False
+            logger.warning("Consumer %s: the Redis user may not run CLIENT LIST/CLIENT UNBLOCK (%s). Degraded: "
+                           "reads block at most %d ms so a stop is not held up, and the entries of a consumer "
+                           "known dead are taken over after PENDING_TIMEOUT_MS, not at once. Grant +client|list "
+                           "+client|unblock to restore both (README \"Redis ACL\").", self.name, exc, SHORT_BLOCK_MS)
 
     def renew_liveness(self, now=None):
         """Renew this consumer's deadline on every stream it reads (every third of CONSUMER_TTL)."""
@@ -143,13 +178,23 @@ class Worker:
             self.liveness_due = now + ttl / 3
         except TRANSIENT_ERRORS:
             self.liveness_due = now + 1.0  # the read loops report the outage; try again soon
+            return
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            # At maxmemory: the read loops go on draining. The deadline may lapse meanwhile; others
+            # judge this consumer dead only if its connections are gone too, and they are not.
+            refusals.refused("liveness", exc)
+            self.liveness_due = now + 1.0
+            return
+        refusals.accepted()
 
     def forget_liveness(self):
         # A clean exit is not a death: drop the deadline so nobody takes over what stays pending
         # before the pending timeout (its entries are unacked because handlers ran out of time).
         try:
             liveness.forget(get_connection(), self.streams, self.name)
-        except TRANSIENT_ERRORS:
+        except (*TRANSIENT_ERRORS, redis.ResponseError):
             pass  # it lapses by itself
 
     def progress_stamp(self, now):
@@ -222,7 +267,7 @@ class Worker:
 
     def unblock_readers(self):
         """Cut short this worker's blocked XREADGROUPs, so nothing is read after the stop."""
-        if not any(loop.reading for loop in self.loops):
+        if not self.can_unblock or not any(loop.reading for loop in self.loops):
             return
         try:
             conn = get_connection()
@@ -231,3 +276,9 @@ class Worker:
                     conn.client_unblock(int(client["id"]))
         except TRANSIENT_ERRORS:
             pass  # the blocked read ends by itself within BLOCK_MS
+        except redis.ResponseError as exc:
+            if not is_no_permission(exc):
+                raise
+            self.can_unblock = False  # ACL changed under us: the read ends by itself within BLOCK_MS
+            logger.warning("Consumer %s: the Redis user may not run CLIENT LIST/UNBLOCK (%s); the blocked read "
+                           "ends by itself within BLOCK_MS", self.name, exc)

@@ -1,9 +1,11 @@
 """Putting dead letters back on their stream for the one group that failed them.
 
 The replayed entry is a new entry of the origin stream with the original fields plus
-``target_group`` (and ``replay_of``, the original id). Every Shoal loop checks ``target_group``
-before decoding or running anything: loops of other groups ack such an entry without calling
-their handler. The re-publish and the removal from the DLQ are one Lua script.
+``shoal:target_group`` (and ``shoal:replay_of``, the original id). Every Shoal loop checks
+``shoal:target_group`` before decoding or running anything: loops of other groups ack such an
+entry without calling their handler. The re-publish and the removal from the DLQ are one Lua
+script. A replay to a group that does not exist on the stream is refused and removes nothing:
+nobody would run the entries (every other group acks them unseen).
 """
 from dataclasses import dataclass, field
 
@@ -13,9 +15,9 @@ from streams_app import codec, keys, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters.store import get_dead_letters
 from streams_app.exceptions import PublishError, ReplayError
-from shoal_common.redis_errors import is_wrongtype
+from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
-from streams_app.consuming.groups import key_type
+from streams_app.consuming.groups import group_exists, key_type
 from streams_app.entry_ids import is_entry_id
 from streams_app.producer import validate_stream_name
 
@@ -25,7 +27,7 @@ REPLAY_BATCH = 200
 @dataclass
 class ReplayResult:
     replayed: list = field(default_factory=list)  # (dead-letter id, new stream id); new id None on a dry run
-    skipped: dict = field(default_factory=dict)  # dead-letter id -> why ('missing', 'other-group')
+    skipped: dict = field(default_factory=dict)  # dead-letter id -> why ('missing', 'other-group', 'too-wide')
     dry_run: bool = False
 
 
@@ -73,13 +75,29 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
                           f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")
     conn = conn or get_connection()
     try:
+        if not group_exists(conn, keys.stream_key(stream), group):
+            conn.xlen(keys.dead_letter_key(stream))  # a dead-letter key of another type says so first
+            raise ReplayError(_no_group_message(conn, stream, group))
         return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress)
     except redis.ResponseError as exc:
+        if is_nogroup(exc):  # destroyed between the check and a batch: that batch removed nothing
+            raise ReplayError(_no_group_message(conn, stream, group)) from None
         if not is_wrongtype(exc):
             raise
         kinds = {k: key_type(conn, k) for k in (keys.stream_key(stream), keys.dead_letter_key(stream))}
         wrong = ", ".join(f"{k!r} holds a {kind}" for k, kind in kinds.items() if kind not in ("stream", "none"))
         raise ReplayError(f"cannot replay: {wrong}, not a stream. Nothing was replayed; Shoal leaves the key as it is.") from None
+
+
+def _no_group_message(conn, stream, group):
+    try:
+        names = sorted(_text(g["name"]) for g in conn.xinfo_groups(keys.stream_key(stream)))
+    except redis.ResponseError:
+        names = []
+    known = f"groups on {stream}: {', '.join(names)}" if names else f"{stream} has no groups"
+    return (f"group {group!r} does not exist on stream {stream!r} ({known}). Nothing was replayed and no dead "
+            f"letter was removed: a replayed entry would be acked unseen by every other group. Start the "
+            f"group's consumer (it creates the group) and replay again.")
 
 
 def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
@@ -112,7 +130,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [_text(i) for i, f in page if _text(f.get(b"group", f.get("group", b""))) == group]
+        mine = [_text(i) for i, f in page if _text(f.get(b"shoal:group", f.get("shoal:group", b""))) == group]
         _replay_batch(conn, stream, group, mine, override, dry_run, result)
         if progress is not None:
             progress(scanned, max(total, scanned))
@@ -128,7 +146,7 @@ def _replay_batch(conn, stream, group, ids, override, dry_run, result):
     body, types = override
     reply = scripts.run(conn, "replay", [keys.stream_key(stream), keys.dead_letter_key(stream)], [group, body, types, *ids])
     for entry_id, outcome in zip(ids, map(_text, reply)):
-        if outcome in ("missing", "other-group"):
-            result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile
+        if outcome in ("missing", "other-group", "too-wide"):
+            result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile, or too wide
         else:
             result.replayed.append((entry_id, outcome))

@@ -1,13 +1,20 @@
 -- Move pending entries of one group to the dead-letter stream: XADD to the DLQ and XACK together.
 -- KEYS: stream, dlq, then one last-error key per entry.
 -- ARGV: group, failed_at (ms), then per entry: id, error, traceback ('' = use the recorded last error).
--- Returns, per entry: the dead-letter id, 0 when the entry is no longer pending in the group (acked, or
--- moved by another worker or daemon first: the check makes racing movers safe), or 'gone' when the
--- entry was deleted from the stream (it is acked: there is nothing left to handle or replay).
+-- Returns, per entry: the dead-letter id; 0 when the entry is no longer pending in the group (acked, or
+-- moved by another worker or daemon first: the check makes racing movers safe); 'gone' when the entry
+-- was deleted from the stream (it is acked: there is nothing left to handle or replay); or
+-- 'failed:<reason>' when Redis refused the XADD (maxmemory): that entry stays pending, untouched, and
+-- the others are moved all the same. The XADD comes first and the XACK only after it succeeded, so an
+-- entry is never acked without its dead letter.
+--
+-- The dead letter keeps every original field as it was; Shoal's metadata fields are namespaced
+-- ('shoal:...'), so an original field named 'group' or 'error' is never lost. An entry with more
+-- fields than one Lua call can take (unpack is bounded by the C stack, about 8,000 values) keeps
+-- them as one value, 'shoal:fields', a netstring list (<len>:<bytes>, per name and value).
 local stream, dlq = KEYS[1], KEYS[2]
 local group, failed_at = ARGV[1], ARGV[2]
-local meta = {origin_stream = true, origin_id = true, group = true, consumer = true, deliveries = true,
-              error = true, traceback = true, failed_at = true}
+local MAX_INLINE = 7000  -- values (names and values) kept as fields of their own
 local result = {}
 local count = (#ARGV - 2) / 3
 for i = 1, count do
@@ -30,20 +37,26 @@ for i = 1, count do
                            ' times without an ack (the worker was killed or stuck mid-handler)')
         tb = saved[2] or ''
       end
-      local fields = {}
+      local fields = {'shoal:origin_stream', stream, 'shoal:origin_id', id, 'shoal:group', group,
+                      'shoal:consumer', consumer, 'shoal:deliveries', tostring(deliveries), 'shoal:error', err,
+                      'shoal:traceback', tb, 'shoal:failed_at', failed_at}
       local raw = entry[1][2]
-      for j = 1, #raw, 2 do
-        if not meta[raw[j]] then
-          fields[#fields + 1] = raw[j]
-          fields[#fields + 1] = raw[j + 1]
-        end
+      if #raw <= MAX_INLINE then
+        for j = 1, #raw do fields[#fields + 1] = raw[j] end
+      else
+        local parts = {}
+        for j = 1, #raw do parts[j] = #raw[j] .. ':' .. raw[j] end
+        fields[#fields + 1] = 'shoal:fields'
+        fields[#fields + 1] = table.concat(parts)
       end
-      local extra = {'origin_stream', stream, 'origin_id', id, 'group', group, 'consumer', consumer,
-                     'deliveries', tostring(deliveries), 'error', err, 'traceback', tb, 'failed_at', failed_at}
-      for j = 1, #extra do fields[#fields + 1] = extra[j] end
-      result[i] = redis.call('XADD', dlq, '*', unpack(fields))
-      redis.call('XACK', stream, group, id)
-      redis.call('DEL', err_key)
+      local added = redis.pcall('XADD', dlq, '*', unpack(fields))
+      if type(added) == 'table' and added.err then
+        result[i] = 'failed:' .. added.err
+      else
+        result[i] = added
+        redis.call('XACK', stream, group, id)
+        redis.call('DEL', err_key)
+      end
     end
   end
 end

@@ -1,12 +1,28 @@
 -- Put dead letters back on their stream for one group, removing each from the DLQ in the same step.
 -- KEYS: stream, dlq. ARGV: group, payload override ('' = keep the original), the override's
 -- payload_types ('' = none), then dead-letter ids.
--- The new entry carries target_group: loops of other groups ack it without running their handler.
--- Returns, per id: the new stream id, 'missing' (not in the DLQ) or 'other-group'.
+-- The new entry carries shoal:target_group: loops of other groups ack it without running their handler.
+-- Refuses with a NOGROUP error, replaying and removing nothing, when the group does not exist on the
+-- stream: nobody would run the entries, and every other group would ack them unseen.
+-- Returns, per id: the new stream id, 'missing' (not in the DLQ), 'other-group', or 'too-wide' (an
+-- entry whose fields were packed into shoal:fields: more than one XADD from Lua can take; it stays).
 local stream, dlq = KEYS[1], KEYS[2]
 local group, override, override_types = ARGV[1], ARGV[2], ARGV[3]
-local drop = {origin_stream = true, origin_id = true, group = true, consumer = true, deliveries = true,
-              error = true, traceback = true, failed_at = true, target_group = true, replay_of = true}
+local exists = false
+if redis.call('EXISTS', stream) == 1 then
+  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for k = 1, #info, 2 do
+      if info[k] == 'name' and info[k + 1] == group then exists = true end
+    end
+  end
+end
+if not exists then
+  return redis.error_reply('NOGROUP group ' .. group .. ' does not exist on ' .. stream)
+end
+local drop = {['shoal:origin_stream'] = true, ['shoal:origin_id'] = true, ['shoal:group'] = true,
+              ['shoal:consumer'] = true, ['shoal:deliveries'] = true, ['shoal:error'] = true,
+              ['shoal:traceback'] = true, ['shoal:failed_at'] = true, ['shoal:target_group'] = true,
+              ['shoal:replay_of'] = true, ['shoal:fields'] = true}
 if override ~= '' then
   drop.payload = true
   drop.data = true
@@ -24,8 +40,10 @@ for i = 4, #ARGV do
     for j = 1, #raw, 2 do
       if drop[raw[j]] then info[raw[j]] = raw[j + 1] end
     end
-    if info.group ~= group then
+    if info['shoal:group'] ~= group then
       result[#result + 1] = 'other-group'
+    elseif info['shoal:fields'] then
+      result[#result + 1] = 'too-wide'
     else
       local fields = {}
       for j = 1, #raw, 2 do
@@ -42,10 +60,10 @@ for i = 4, #ARGV do
           fields[#fields + 1] = override_types
         end
       end
-      fields[#fields + 1] = 'target_group'
+      fields[#fields + 1] = 'shoal:target_group'
       fields[#fields + 1] = group
-      fields[#fields + 1] = 'replay_of'
-      fields[#fields + 1] = info.origin_id or ''
+      fields[#fields + 1] = 'shoal:replay_of'
+      fields[#fields + 1] = info['shoal:origin_id'] or ''
       result[#result + 1] = redis.call('XADD', stream, '*', unpack(fields))
       redis.call('XDEL', dlq, id)
     end

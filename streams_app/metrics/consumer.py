@@ -182,3 +182,8 @@ def start_metrics_server(port, addr="0.0.0.0"):
 group_consumers = Gauge("shoal_group_consumers", "Consumers registered in the group.", LABELS, multiprocess_mode="mostrecent")
 reclaimer_dead_lettered = Counter("shoal_reclaimer_dead_lettered", "Entries the reclaim daemon moved to a dead-letter stream.", LABELS)
 reclaimer_trimmed = Counter("shoal_reclaimer_trimmed", "Acknowledged entries the reclaim daemon trimmed.", ("stream",))
+redis_writes_refused = Counter(
+    "shoal_redis_writes_refused", "Writes Redis refused at maxmemory (OOM) that a consumer skipped or deferred "
+    "(what=liveness, last_error, dead_letter, idempotency, group).", ("what",))
+redis_oom = Gauge("shoal_redis_oom", "1 while this process's last write was refused at Redis's maxmemory, else 0.",
+                  multiprocess_mode="max")

@@ -262,7 +262,7 @@ def test_nothing_is_lost_under_fire(redis_factory, database, seed):
 
         def settled():
             cluster.check_masters()
-            flaky_dead = [f for f in dead_letters(client) if f["group"] == "flaky"]
+            flaky_dead = [f for f in dead_letters(client) if f["shoal:group"] == "flaky"]
             return (len(effect_counts(database)) == len(by_key) and client.hlen(HANDLED) == len(passing_keys)
                     and len(flaky_dead) >= len(failing)
                     and all(g["pending"] == 0 and g["lag"] == 0 for g in client.xinfo_groups(CHAOS_STREAM)))
@@ -298,13 +298,13 @@ def test_nothing_is_lost_under_fire(redis_factory, database, seed):
 
         # flaky: every failing entry exactly once in the DLQ; every other key handled at least once.
         dead = dead_letters(client)
-        assert not [f for f in dead if f["group"] != "flaky"], f"seed {seed}: effects entries dead-lettered"
-        origins = Counter(f["origin_id"] for f in dead)
+        assert not [f for f in dead if f["shoal:group"] != "flaky"], f"seed {seed}: effects entries dead-lettered"
+        origins = Counter(f["shoal:origin_id"] for f in dead)
         assert set(origins) == failing, (
             f"seed {seed}: dead letters {len(origins)} vs failing entries {len(failing)}; "
             f"missing {sorted(failing - set(origins))[:5]}, unexpected {sorted(set(origins) - failing)[:5]}")
         assert max(origins.values()) == 1, f"seed {seed}: dead-lettered twice: {[i for i, n in origins.items() if n > 1]}"
-        assert all(f["deliveries"] == "3" and f["key"] == entries[f["origin_id"]] for f in dead)
+        assert all(f["shoal:deliveries"] == "3" and f["key"] == entries[f["shoal:origin_id"]] for f in dead)
         handled = {key: int(n) for key, n in client.hgetall(HANDLED).items()}
         assert set(handled) == passing_keys, (
             f"seed {seed}: flaky handled {len(handled)} keys of {len(passing_keys)}; "

@@ -45,11 +45,11 @@ def test_audit_dead_letters_idle_entries_at_the_limit_with_their_last_error(redi
     redis.hset(f"{{jobs}}:error:a:{ids[0]}", mapping={"error": "KeyError: 'sku'", "traceback": "Traceback ..."})
     report = reclaimer(["jobs:a"], PENDING_TIMEOUT_MS=1000).tick()
     assert report.dead_lettered == {"jobs:a": 2}
-    letters = {f["origin_id"]: f for _, f in redis.xrange("{jobs}:dlq")}
+    letters = {f["shoal:origin_id"]: f for _, f in redis.xrange("{jobs}:dlq")}
     assert set(letters) == {ids[0], ids[3]}
-    assert letters[ids[0]]["error"] == "KeyError: 'sku'" and letters[ids[0]]["traceback"] == "Traceback ..."
-    assert letters[ids[3]]["error"].startswith("no handler error recorded: delivered 5 times")
-    assert letters[ids[3]]["deliveries"] == "5" and letters[ids[3]]["consumer"] == "ghost"
+    assert letters[ids[0]]["shoal:error"] == "KeyError: 'sku'" and letters[ids[0]]["shoal:traceback"] == "Traceback ..."
+    assert letters[ids[3]]["shoal:error"].startswith("no handler error recorded: delivered 5 times")
+    assert letters[ids[3]]["shoal:deliveries"] == "5" and letters[ids[3]]["shoal:consumer"] == "ghost"
     assert {p["message_id"] for p in redis.xpending_range("jobs", "a", "-", "+", 10)} == {ids[1], ids[2]}
 
 
@@ -74,7 +74,7 @@ def test_two_reclaimers_racing_in_threads_move_each_entry_once(redis):
         thread.join(60)
     moved = [r.dead_lettered.get("jobs:a", 0) for r in reports]
     assert sum(moved) == 1000, moved
-    origins = [f["origin_id"] for _, f in redis.xrange("{jobs}:dlq")]
+    origins = [f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")]
     assert len(origins) == 1000 and set(origins) == set(ids)
     assert redis.xpending("jobs", "a")["pending"] == 0
 

@@ -15,8 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("stream", help="The origin stream, e.g. orders (its dead letters are in {orders}:dlq).")
         parser.add_argument("--group", required=True, help="The group that failed the entries and will handle them again.")
         which = parser.add_mutually_exclusive_group(required=True)
-        which.add_argument("--id", dest="ids", action="append", metavar="ID",
-                           help="A dead-letter entry id (the id in {STREAM}:dlq); repeat for several.")
+        which.add_argument("--id", dest="ids", action="extend", nargs="+", metavar="ID",
+                           help="Dead-letter entry ids (the ids in {STREAM}:dlq): --id A B C, or --id A --id B.")
         which.add_argument("--all", action="store_true", help="Every dead letter of the group.")
         parser.add_argument("--payload", help="JSON that replaces the payload of every replayed entry.")
         parser.add_argument("--payload-types", metavar="JSON",
@@ -58,7 +58,8 @@ class Command(BaseCommand):
             if verbosity > 1 or dry_run:
                 self.stdout.write(f"{dead_id} -> {new_id or '(dry run)'}")
         for dead_id, why in result.skipped.items():
-            reason = "not in the dead-letter stream" if why == "missing" else "dead-lettered by another group"
+            reason = {"missing": "not in the dead-letter stream", "other-group": "dead-lettered by another group",
+                      "too-wide": "too many fields to re-publish from a script; copy it with XADD yourself"}[why]
             self.stderr.write(f"{dead_id}: skipped, {reason}")
         verb = "Would replay" if dry_run else "Replayed"
         self.stdout.write(self.style.SUCCESS(f"{verb} {len(result.replayed)} dead letters of {stream} for group {group}"))

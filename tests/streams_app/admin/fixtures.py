@@ -41,7 +41,7 @@ def pending(redis, stream, group, payloads, consumer="c1"):
 def dead_letter(redis, payloads, stream="jobs", group="a", error="RuntimeError: asked to fail: bad input"):
     """Entries failed by ``group`` and moved to the dead-letter stream by the library; returns their DLQ ids."""
     ids = pending(redis, stream, group, payloads)
-    results = deadletters.move(redis, stream, group, [(i, error, "Traceback (most recent call last):\n  ...\n" + error)
-                                                      for i in ids])
-    assert all(r not in (0, "gone") for r in results)
-    return results
+    result = deadletters.move(redis, stream, group, [(i, error, "Traceback (most recent call last):\n  ...\n" + error)
+                                                     for i in ids])
+    assert [i for i, _ in result.moved] == ids
+    return result.dead_letter_ids

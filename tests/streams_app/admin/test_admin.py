@@ -100,7 +100,7 @@ def test_replay_confirms_first_then_replays_to_the_group_with_an_audit_entry(sta
     assert "Replayed 2 dead letters." in [str(m) for m in done.context["messages"]]
     assert dlq(redis) == []
     replayed = redis.xrange("jobs")[2:]
-    assert [(f["target_group"], json.loads(f["payload"])["n"]) for _, f in replayed] == [("a", 1), ("a", 2)]
+    assert [(f["shoal:target_group"], json.loads(f["payload"])["n"]) for _, f in replayed] == [("a", 1), ("a", 2)]
     logs = LogEntry.objects.filter(action_flag=CHANGE, object_id__in=[str(p) for p in pks])
     assert logs.count() == 2 and all("Replayed to group a of jobs as entry" in log.change_message for log in logs)
     assert not DeadLetter.objects.exists()
@@ -153,7 +153,7 @@ def test_replay_with_an_edited_payload_validates_json_confirms_and_replays_it(st
     done = client.post(url, {"payload": '{"sku": "A-1", "qty": 1}', "post": "yes"})
     assert done.status_code == 302 and dlq(redis) == []
     [(_, fields)] = redis.xrange("jobs")[1:]
-    assert json.loads(fields["payload"]) == {"sku": "A-1", "qty": 1} and fields["target_group"] == "a"
+    assert json.loads(fields["payload"]) == {"sku": "A-1", "qty": 1} and fields["shoal:target_group"] == "a"
     assert "edited payload" in LogEntry.objects.get(object_id=str(pk)).change_message
 
 
@@ -170,7 +170,7 @@ def test_replay_all_matching_the_filter_covers_thousands_and_only_the_filter(sta
     assert html.count('name="_selected_action"') == 1  # the filter is posted back, not 1200 ids
     client.post(f"{CHANGELIST}?group=a", action("replay_selected", [one], index="0", select_across="1", post="yes"))
     assert dlq(redis) == in_b
-    assert sum(1 for _, f in redis.xrange("jobs") if f.get("target_group") == "a") == 1200
+    assert sum(1 for _, f in redis.xrange("jobs") if f.get("shoal:target_group") == "a") == 1200
     assert LogEntry.objects.count() == 1200
 
 
@@ -271,8 +271,8 @@ def test_ack_claim_and_dead_letter_pending_entries_after_confirming(staff_client
     response = pending_post(client, group, "deadletter", ids[2:], post="yes")
     assert response.status_code == 302
     letters = redis.xrange(keys.dead_letter_key("jobs"))
-    assert [f["origin_id"] for _, f in letters] == ids[2:]
-    assert "by staff0 from the admin" in letters[0][1]["error"]
+    assert [f["shoal:origin_id"] for _, f in letters] == ids[2:]
+    assert "by staff0 from the admin" in letters[0][1]["shoal:error"]
     messages = [log.change_message for log in LogEntry.objects.filter(object_id=str(group.pk)).order_by("pk")]
     assert messages == [f"Acknowledged pending entry {ids[0]}", f"Claimed pending entry {ids[1]} to consumer c2",
                         f"Moved to the dead letters pending entry {ids[2]}", f"Moved to the dead letters pending entry {ids[3]}"]

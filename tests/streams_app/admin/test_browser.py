@@ -137,7 +137,7 @@ def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_re
     assert redis.xlen(keys.dead_letter_key("jobs")) == 0
 
     # The running consumer handles the replayed entry (and only group a was sent it).
-    replayed = [i for i, f in redis.xrange("jobs") if f.get("target_group") == "a"]
+    replayed = [i for i, f in redis.xrange("jobs") if f.get("shoal:target_group") == "a"]
     assert len(replayed) == 1
     run_until(loop, lambda: replayed[0] in handled() and redis.xpending("jobs", "a")["pending"] == 3)  # acked too
     history.take()

@@ -48,8 +48,8 @@ def test_handler_that_kills_its_worker_is_dead_lettered_by_the_daemon_at_the_lim
     daemon = run_command("runreclaimer", "--once", streams=FAST)
     assert daemon.wait(60) == 0, daemon.output()
     [(_, fields)] = redis.xrange("{suicide}:dlq")
-    assert fields["origin_id"] == entry and fields["deliveries"] == "3"
-    assert "no handler error recorded" in fields["error"]
+    assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "3"
+    assert "no handler error recorded" in fields["shoal:error"]
     assert redis.xpending("suicide", "g")["pending"] == 0
     assert redis.llen("started:suicide:g") == 3  # never a fourth time
 
@@ -73,7 +73,7 @@ def test_two_reclaim_daemons_racing_dead_letter_each_entry_exactly_once(redis, r
     for daemon in daemons:
         daemon.signal(signal.SIGTERM)
     assert [d.wait(30) for d in daemons] == [0, 0], [d.output() for d in daemons]
-    origins = [f["origin_id"] for _, f in redis.xrange("{jobs}:dlq")]
+    origins = [f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")]
     assert len(origins) == 1000 and set(origins) == set(ids)
     assert all("stopped after" in d.output() for d in daemons)
 

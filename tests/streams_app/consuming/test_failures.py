@@ -33,10 +33,10 @@ def test_always_failing_handler_is_delivered_max_times_with_growing_gaps_then_de
         assert gap >= backoff_seconds(delivery, 0.2, 5) - 0.01, gaps
     assert redis.xpending("failing", "g")["pending"] == 0
     [(dead_id, fields)] = redis.xrange("{failing}:dlq")
-    assert fields["origin_stream"] == "failing" and fields["origin_id"] == entry
-    assert fields["group"] == "g" and fields["consumer"] == "me" and fields["deliveries"] == "4"
-    assert fields["error"] == "ValueError: cannot handle {'order': 7}"
-    assert "raise ValueError" in fields["traceback"] and fields["failed_at"].isdigit()
+    assert fields["shoal:origin_stream"] == "failing" and fields["shoal:origin_id"] == entry
+    assert fields["shoal:group"] == "g" and fields["shoal:consumer"] == "me" and fields["shoal:deliveries"] == "4"
+    assert fields["shoal:error"] == "ValueError: cannot handle {'order': 7}"
+    assert "raise ValueError" in fields["shoal:traceback"] and fields["shoal:failed_at"].isdigit()
     assert fields["payload"] == '{"order":7}' and fields["key"] == "order-7"  # original fields kept
     assert redis.keys("{failing}:error:*") == []  # the last-error record went with the move
     for _ in range(5):
@@ -79,7 +79,7 @@ def test_abandoned_entry_over_the_limit_is_dead_lettered_by_the_loop(redis, make
     loop = make_loop(PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=10)
     run_until(loop, lambda: redis.xlen("{jobs}:dlq") == 1)
     [(_, fields)] = redis.xrange("{jobs}:dlq")
-    assert fields["error"] == "KeyError: 'sku'" and fields["consumer"] == "ghost" and fields["deliveries"] == "5"
+    assert fields["shoal:error"] == "KeyError: 'sku'" and fields["shoal:consumer"] == "ghost" and fields["shoal:deliveries"] == "5"
     assert redis.llen("started:jobs:a") == 0 and redis.xpending("jobs", "a")["pending"] == 0
 
 
@@ -91,7 +91,8 @@ def test_dead_letter_move_is_exactly_once_and_skips_acked_entries(redis):
     conn = get_connection()
     first = move(conn, "jobs", "a", [(i, "E: x", "") for i in ids])
     again = move(conn, "jobs", "a", [(i, "E: x", "") for i in ids])
-    assert first[2] == 0 and all(first[:2]) and again == [0, 0, 0]
+    assert [i for i, _ in first.moved] == ids[:2] and first.not_pending == [ids[2]]
+    assert again.moved == [] and again.not_pending == ids
     assert redis.xlen("{jobs}:dlq") == 2 and redis.xpending("jobs", "a")["pending"] == 0
 
 
@@ -122,7 +123,7 @@ def test_replay_goes_to_the_failed_group_only(redis, make_loop):
     redis.delete("handled:jobs:a")
     redis.xgroup_create("jobs", "c", id="0")  # a group to dead-letter from directly
     redis.xreadgroup("c", "ghost", {"jobs": ">"})
-    [dead_id] = move(get_connection(), "jobs", "c", [(entry, "E: c", "")])
+    [dead_id] = move(get_connection(), "jobs", "c", [(entry, "E: c", "")]).dead_letter_ids
     assert replay("jobs", "a", ids=[dead_id]).skipped == {dead_id: "other-group"}
     result = replay("jobs", "c", ids=[dead_id], dry_run=True)
     assert result.replayed == [(dead_id, None)] and redis.xlen("{jobs}:dlq") == 1
@@ -130,7 +131,7 @@ def test_replay_goes_to_the_failed_group_only(redis, make_loop):
     [(_, new_id)] = result.replayed
     assert redis.xlen("{jobs}:dlq") == 0
     fields = redis.xrange("jobs", new_id, new_id)[0][1]
-    assert fields["target_group"] == "c" and fields["replay_of"] == entry and fields["key"] == "k1"
+    assert fields["shoal:target_group"] == "c" and fields["shoal:replay_of"] == entry and fields["key"] == "k1"
     assert "error" not in fields and "group" not in fields
     run_until([loop_a, loop_b], lambda: settled(loop_a) and settled(loop_b)
               and redis.xpending("jobs", "a")["pending"] == 0 and redis.xpending("jobs", "b")["pending"] == 0
@@ -148,7 +149,7 @@ def test_replay_with_payload_override_is_handled_by_its_group(redis, make_loop):
     redis.xgroup_create("jobs", "a", id="0")
     redis.xgroup_create("jobs", "b", id="$")
     redis.xreadgroup("a", "ghost", {"jobs": ">"})
-    [dead_id] = move(get_connection(), "jobs", "a", [(entry, "RuntimeError: asked to fail", "")])
+    [dead_id] = move(get_connection(), "jobs", "a", [(entry, "RuntimeError: asked to fail", "")]).dead_letter_ids
     [(_, new_id)] = replay("jobs", "a", ids=[dead_id], payload_override={"fixed": True}).replayed
     loop_a, loop_b = make_loop("jobs:a", name="ca"), make_loop("jobs:b", name="cb")
     run_until([loop_a, loop_b], lambda: redis.llen("handled:jobs:a") == 1
@@ -277,12 +278,13 @@ def test_redis_guard_still_refuses_a_different_entry_with_a_key_in_flight(redis,
 
 
 def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
+    redis.xgroup_create("jobs", "a", id="$", mkstream=True)
     for n in range(250):  # two pages of REPLAY_BATCH
-        redis.xadd("{jobs}:dlq", {"payload": json.dumps({"n": n}), "group": "a", "origin_stream": "jobs"})
+        redis.xadd("{jobs}:dlq", {"payload": json.dumps({"n": n}), "shoal:group": "a", "shoal:origin_stream": "jobs"})
 
     def fail_again(scanned, total):
         # A replayed entry that fails again is dead-lettered anew while the scan is under way.
-        redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_stream": "jobs"})
+        redis.xadd("{jobs}:dlq", {"payload": "{}", "shoal:group": "a", "shoal:origin_stream": "jobs"})
 
     result = replay("jobs", "a", all=True, progress=fail_again)
     assert len(result.replayed) == 250

@@ -59,10 +59,10 @@ def test_poison_payload_does_not_block_the_rest(redis, make_loop):
     # Poison goes to the dead-letter stream after one delivery, with no retries.
     run_until(loop, lambda: redis.xlen("{jobs}:dlq") == 2)
     assert redis.xpending("jobs", "a")["pending"] == 0
-    letters = {f[b"origin_id"].decode(): f for _, f in raw.xrange("{jobs}:dlq")}  # raw: one payload is not UTF-8
+    letters = {f[b"shoal:origin_id"].decode(): f for _, f in raw.xrange("{jobs}:dlq")}  # raw: one payload is not UTF-8
     assert set(letters) == {bad, not_utf8}
     assert letters[not_utf8][b"payload"] == b"\xff\xfe"  # kept byte for byte
-    assert all(f[b"error"].startswith(b"decode: ") and f[b"deliveries"] == b"1" for f in letters.values())
+    assert all(f[b"shoal:error"].startswith(b"decode: ") and f[b"shoal:deliveries"] == b"1" for f in letters.values())
 
 
 def test_data_field_is_accepted_as_payload(redis, make_loop):
