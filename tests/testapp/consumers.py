@@ -116,6 +116,9 @@ class CallableHandler:
 consumer("shapes", group="object")(CallableHandler())
 consumer("shapes", group="partial")(functools.partial(behave))
 
+# A single delivery: any takeover of a live handler's entry dead-letters it (issue 13, item 1).
+consumer("slow", group="once", max_deliveries=1)(behave)
+
 consumer("ledger", group="fast", retention="acked")(behave)
 consumer("ledger", group="slow")(behave)
 

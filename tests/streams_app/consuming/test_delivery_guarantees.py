@@ -1,0 +1,165 @@
+"""The README's delivery guarantees under slow handlers, hoarding, flushes, a full Redis and replays to
+missing groups (issue 13), with real ``runconsumer``/``runreclaimer``/``replay`` processes.
+
+Counting is strict: ``started:<stream>:<group>`` lists every handler start and ``handled:...`` every
+handler end (tests/testapp/consumers.py), so a second run of any entry shows as a duplicate id.
+"""
+import json
+import signal
+from collections import Counter
+
+import pytest
+
+from tests.streams_app.consuming.test_failure_processes import database_url, run_command  # noqa: F401 (fixtures)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def duplicates(redis, kind, stream, group):
+    return {i: n for i, n in Counter(redis.lrange(f"{kind}:{stream}:{group}", 0, -1)).items() if n > 1}
+
+
+def stop(*procs):
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    return [proc.wait(60) for proc in procs]
+
+
+def reader_blocked(redis):
+    return any(c.get("name", "").startswith("shoal-reader:") and c.get("cmd") == "xreadgroup"
+               for c in redis.client_list())
+
+
+# -- 1. a handler slower than the pending timeout ----------------------------------------------------
+
+SLOW = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 200, "BLOCK_MS": 500, "RECLAIM_INTERVAL": 0.2}
+
+
+def test_a_live_handler_slower_than_the_pending_timeout_is_neither_taken_over_nor_dead_lettered(redis, run_command):
+    """max_deliveries=1, 1.5 s pending timeout, 5 s handler, a second consumer and a reclaim daemon
+    polling every 0.2 s: before the fix the daemon dead-lettered the entry while it ran."""
+    entry = redis.xadd("slow", {"payload": json.dumps({"sleep": 5})})
+    first = run_command("runconsumer", "slow:once", "--threads", "1", streams=SLOW)
+    wait_for(lambda: redis.llen("started:slow:once") == 1, timeout=60, what="the handler started")
+    second = run_command("runconsumer", "slow:once", "--threads", "1", streams=SLOW)
+    daemon = run_command("runreclaimer", "--interval", "0.2", streams=SLOW)
+    wait_for(lambda: redis.llen("handled:slow:once") == 1 and redis.xpending("slow", "once")["pending"] == 0,
+             timeout=60, what="the slow handler finished and acked")
+    assert stop(first, second, daemon) == [0, 0, 0], [p.output() for p in (first, second, daemon)]
+    assert redis.lrange("started:slow:once", 0, -1) == [entry]  # ran once, by one consumer
+    assert redis.xlen("{slow}:dlq") == 0, redis.xrange("{slow}:dlq")  # and was not also dead-lettered
+
+
+def test_redis_guarded_slow_handlers_on_two_healthy_consumers_run_each_key_once(redis, run_command):
+    """idempotent="redis", two consumers, 4 s handlers, 1.5 s pending timeout, nothing killed: before the
+    fix the running mark expired with the pending timeout and the other consumer ran the key too."""
+    ids = [redis.xadd("idem", {"payload": json.dumps({"sleep": 4}), "key": f"k{n}"}) for n in range(4)]
+    workers = [run_command("runconsumer", "idem:r", "--threads", "2", streams=SLOW) for _ in range(2)]
+    wait_for(lambda: redis.llen("handled:idem:r") >= 4 and redis.xpending("idem", "r")["pending"] == 0,
+             timeout=90, what="every key handled and acked")
+    assert stop(*workers) == [0, 0], [w.output() for w in workers]
+    assert sorted(redis.lrange("handled:idem:r", 0, -1)) == sorted(ids)  # every effect exactly once
+    assert redis.xlen("{idem}:dlq") == 0
+
+
+# -- 2. hoarding: fast traffic, then slow entries ------------------------------------------------------
+
+def test_fast_then_slow_traffic_is_not_handled_twice_by_competing_consumers(redis, run_command):
+    """600 fast entries grow the read size, then 40 entries of 0.25 s each land in one worker's reads:
+    more than its two threads can start within the 1.5 s pending timeout. Before the fix the other
+    consumer took the queued ones over and ran them a second time."""
+    pipe = redis.pipeline(transaction=False)
+    for n in range(600):
+        pipe.xadd("jobs", {"payload": json.dumps({"n": n})})
+    for n in range(40):
+        pipe.xadd("jobs", {"payload": json.dumps({"n": n, "sleep": 0.25})})
+    ids = pipe.execute()
+    workers = [run_command("runconsumer", "jobs:a", "--threads", "2", streams=SLOW) for _ in range(2)]
+    wait_for(lambda: len(set(redis.lrange("handled:jobs:a", 0, -1))) == len(ids)
+             and redis.xpending("jobs", "a")["pending"] == 0, timeout=120, what="every entry handled and acked")
+    assert stop(*workers) == [0, 0], [w.output() for w in workers]
+    assert duplicates(redis, "started", "jobs", "a") == {}
+    assert redis.llen("started:jobs:a") == len(ids)
+
+
+# -- 3. the stream or the group vanishes while a consumer is blocked -----------------------------------
+
+@pytest.mark.parametrize("how", ["flushall", "flushdb", "del"])
+def test_a_stream_flushed_or_deleted_under_a_blocked_read_is_recreated_not_a_crash(redis, run_command, how):
+    """Before the fix the blocked XREADGROUP got 'UNBLOCKED the stream key no longer exists' and the
+    process exited 1."""
+    before = redis.xadd("jobs", {"payload": json.dumps({"n": 0})})
+    worker = run_command("runconsumer", "jobs:a", streams={"BLOCK_MS": 5000})
+    wait_for(lambda: redis.lrange("handled:jobs:a", 0, -1) == [before], timeout=60, what="the first entry handled")
+    wait_for(lambda: reader_blocked(redis), timeout=30, what="the read loop blocked in XREADGROUP")
+    {"flushall": redis.flushall, "flushdb": redis.flushdb, "del": lambda: redis.delete("jobs")}[how]()
+    after = redis.xadd("jobs", {"payload": json.dumps({"n": 1})})
+    wait_for(lambda: after in redis.lrange("handled:jobs:a", 0, -1), timeout=60, what="an entry published after the flush handled")
+    assert worker.proc.poll() is None, worker.output()
+    assert "vanished while consuming" in worker.output()
+    assert stop(worker) == [0], worker.output()
+
+
+def test_xgroup_destroy_while_consuming_recreates_the_group_after_what_was_read(redis, run_command):
+    """Before the fix the group came back at "0": the whole stream handled again."""
+    old = [redis.xadd("jobs", {"payload": json.dumps({"n": n})}) for n in range(20)]
+    worker = run_command("runconsumer", "jobs:a", streams={"BLOCK_MS": 500})
+    wait_for(lambda: redis.llen("handled:jobs:a") == 20 and redis.xpending("jobs", "a")["pending"] == 0,
+             timeout=60, what="the first entries handled")
+    redis.xgroup_destroy("jobs", "a")
+    wait_for(lambda: any(g["name"] == "a" for g in redis.xinfo_groups("jobs")), timeout=30, what="the group recreated")
+    new = redis.xadd("jobs", {"payload": json.dumps({"n": 20})})
+    wait_for(lambda: new in redis.lrange("handled:jobs:a", 0, -1), timeout=60, what="a new entry handled")
+    assert stop(worker) == [0], worker.output()
+    assert sorted(redis.lrange("started:jobs:a", 0, -1)) == sorted(old + [new])  # nothing handled twice
+    assert "XGROUP DESTROY" in worker.output()
+
+
+# -- 4. Redis at maxmemory ---------------------------------------------------------------------------
+
+def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis_factory, run_consumer):
+    """noeviction at maxmemory: before the fix the liveness beat's OOM (or XGROUP CREATE's, at start)
+    made the process exit 1 after a fraction of the backlog."""
+    server = redis_factory()
+    client = server.client()
+    pipe = client.pipeline(transaction=False)
+    for n in range(3000):
+        pipe.xadd("noop", {"payload": json.dumps({"n": n})})
+    pipe.execute()
+    client.xgroup_create("noop", "bench", id="0")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")  # every write that may grow memory is refused from now on
+    worker = run_consumer("noop:bench", server=server, streams={"CONSUMER_TTL": 1, "BATCH_SIZE": 100})
+
+    def drained():
+        [group] = client.xinfo_groups("noop")
+        return group["entries-read"] == 3000 and group["pending"] == 0
+
+    wait_for(drained, timeout=120, what="the whole backlog read and acked at maxmemory")
+    wait_for(lambda: "Redis is at maxmemory and refuses writes" in worker.output(), timeout=30, what="the OOM warning")
+    assert worker.proc.poll() is None, worker.output()
+    assert worker.output().count("Redis is at maxmemory and refuses writes") == 1  # once, not per beat
+    client.config_set("maxmemory", "0")
+    wait_for(lambda: "Redis accepts writes again" in worker.output(), timeout=30, what="the recovery line")
+    assert stop(worker) == [0], worker.output()
+
+
+# -- 5. replay to a group that no longer exists --------------------------------------------------------
+
+def test_replay_to_a_destroyed_group_is_refused_and_removes_nothing(redis, run_command):
+    from streams_app.deadletters import store
+
+    ids = [redis.xadd("jobs", {"payload": json.dumps({"n": n})}) for n in range(5)]
+    for group in ("a", "b"):
+        redis.xgroup_create("jobs", group, id="0")
+        redis.xreadgroup(group, "ghost", {"jobs": ">"})
+    store.move(redis, "jobs", "b", [(i, "E: b", "") for i in ids])
+    redis.xgroup_destroy("jobs", "b")
+    dlq_before, stream_before = redis.xrange("{jobs}:dlq"), redis.xrange("jobs")
+    for selector in (["--all"], ["--id", *[i for i, _ in dlq_before[:2]]]):
+        replay = run_command("replay", "jobs", "--group", "b", *selector)
+        assert replay.wait(60) == 1, replay.output()
+        assert "group 'b' does not exist on stream 'jobs'" in replay.output()
+        assert "Nothing was replayed" in replay.output()
+    assert redis.xrange("{jobs}:dlq") == dlq_before and redis.xrange("jobs") == stream_before
