@@ -163,3 +163,85 @@ def test_replay_to_a_destroyed_group_is_refused_and_removes_nothing(redis, run_c
         assert "group 'b' does not exist on stream 'jobs'" in replay.output()
         assert "Nothing was replayed" in replay.output()
     assert redis.xrange("{jobs}:dlq") == dlq_before and redis.xrange("jobs") == stream_before
+
+
+# -- entries Shoal did not write (issue 22) ------------------------------------------------------------
+
+WIDE = 5000  # fields: more than one Lua unpack() can take (about 8,000 values)
+
+
+def wide_entry(redis, stream, payload):
+    fields = {"payload": payload, **{f"f{n}": str(n) for n in range(WIDE)}, "group": "theirs", "error": "theirs"}
+    return redis.xadd(stream, fields), fields
+
+
+def test_an_entry_with_thousands_of_fields_is_dead_lettered_whole_and_blocks_nothing(redis, run_command):
+    """Before the fix dead_letter.lua failed with 'too many results to unpack' and the read loop crashed."""
+    from streams_app.deadletters.store import get_dead_letters
+
+    good = redis.xadd("jobs", {"payload": json.dumps({"n": 0})})
+    wide, fields = wide_entry(redis, "jobs", "{not json")  # poison: dead-lettered at once
+    later = redis.xadd("jobs", {"payload": json.dumps({"n": 1})})
+    worker = run_command("runconsumer", "jobs:a")
+    wait_for(lambda: redis.xlen("{jobs}:dlq") == 1 and redis.xpending("jobs", "a")["pending"] == 0
+             and sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted([good, later]),
+             timeout=60, what="the wide entry dead-lettered, the others handled")
+    assert worker.proc.poll() is None, worker.output()
+    assert stop(worker) == [0], worker.output()
+    [letter] = get_dead_letters("jobs", [redis.xrange("{jobs}:dlq")[0][0]], conn=redis)
+    assert letter.origin_id == wide and letter.group == "a" and letter.error.startswith("decode: ")
+    assert letter.original_fields == fields  # every field, 'group' and 'error' included, as it was
+
+
+def test_the_reclaim_daemon_moves_a_wide_entry_at_its_limit_and_counts_right(redis, run_command):
+    ids = [redis.xadd("jobs", {"payload": json.dumps({"n": 0})})]
+    ids.append(wide_entry(redis, "jobs", json.dumps({"n": 1}))[0])
+    ids.append(redis.xadd("jobs", {"payload": json.dumps({"n": 2})}))
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "ghost", {"jobs": ">"})
+    redis.xclaim("jobs", "a", "ghost", 0, ids, idle=60_000, retrycount=5, justid=True)  # all at the limit
+    daemon = run_command("runreclaimer", "--once")
+    assert daemon.wait(60) == 0, daemon.output()
+    assert "moved 3 entries of jobs:a" in daemon.output()
+    assert sorted(f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")) == sorted(ids)
+    assert redis.xpending("jobs", "a")["pending"] == 0
+
+
+# -- least-privilege Redis users (issue 22) -------------------------------------------------------------
+
+# The README's "Redis ACL" section: the least a Shoal user needs (no CLIENT LIST/UNBLOCK: degraded).
+SHOAL_ACL = ["on", ">s3cret", "~*", "&*", "+@all", "-@dangerous"]
+
+
+def acl_server(redis_factory, rules):
+    server = redis_factory()
+    server.client().acl_setuser("shoal", reset=True)
+    server.client().execute_command("ACL", "SETUSER", "shoal", *rules)
+    return server, f"redis://shoal:s3cret@127.0.0.1:{server.port}/0"
+
+
+def test_a_user_without_client_commands_stops_cleanly_and_takes_over_a_killed_consumer(redis_factory, run_consumer):
+    """+@all -@dangerous: before the fix SIGTERM exited 1 (CLIENT LIST in unblock_readers) and a new
+    consumer crashed once a killed one's liveness deadline lapsed (CLIENT LIST in _claim_from_dead)."""
+    server, url = acl_server(redis_factory, SHOAL_ACL)
+    client = server.client()
+    settings = {"PENDING_TIMEOUT_MS": 3000, "CLAIM_INTERVAL_MS": 200, "CONSUMER_TTL": 1, "BLOCK_MS": 2000}
+    env = {"REDIS_URL": url}
+    entry = client.xadd("jobs", {"payload": json.dumps({"sleep": 60})})
+    doomed = run_consumer("jobs:a", server=server, streams=settings, env=env)
+    wait_for(lambda: client.llen("started:jobs:a") == 1, timeout=60, what="the doomed handler started")
+    doomed.kill()
+    heir = run_consumer("jobs:a", server=server, streams=settings, env=env)
+    wait_for(lambda: client.llen("started:jobs:a") == 2, timeout=60, what="the entry taken over after the pending timeout")
+    assert "may not run CLIENT LIST/CLIENT UNBLOCK" in heir.output()  # said once, at start
+    [row] = client.xpending_range("jobs", "a", "-", "+", 1)
+    assert row["message_id"] == entry and row["times_delivered"] == 2
+    assert heir.proc.poll() is None, heir.output()
+    heir.signal(signal.SIGTERM)  # a 60 s handler: the stop waits for the shutdown timeout, not for ever
+    idle = run_consumer("noop:bench", server=server, streams=settings, env=env)
+    idle.wait_for_output("started", timeout=60)
+    wait_for(lambda: reader_blocked(client), timeout=30, what="the idle consumer blocked in XREADGROUP")
+    idle.signal(signal.SIGTERM)
+    assert idle.wait(30) == 0, idle.output()  # the short blocking read ends by itself
+    heir.signal(signal.SIGTERM)  # second signal: exit at once
+    assert heir.wait(30) == 2, heir.output()
