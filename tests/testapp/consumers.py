@@ -263,3 +263,35 @@ async def records_payload_types_async(message):
     import json
 
     await asyncio.to_thread(get_connection().rpush, "typed:seen", json.dumps(_described(message.payload)))
+
+
+# -- the slow chaos run (tests/chaos/test_slow_chaos.py) ---------------------------------------------
+
+SLOW_CHAOS_STREAM = "slowchaos"
+
+
+def _pause(message):
+    seconds = message.payload.get("sleep") if isinstance(message.payload, dict) else None
+    if seconds:
+        time.sleep(seconds)
+
+
+@consumer(SLOW_CHAOS_STREAM, group="db", idempotent="db", max_deliveries=50, retry_backoff=(0.2, 1))
+def slow_chaos_db(message):
+    """One Effect row per key, after a pause that may outlast the pending timeout."""
+    from tests.testapp.models import Effect
+
+    _pause(message)
+    Effect.objects.create(name=message.key, entry_id=message.id)
+
+
+@consumer(SLOW_CHAOS_STREAM, group="redis", idempotent="redis", max_deliveries=50, retry_backoff=(0.2, 1))
+def slow_chaos_redis(message):
+    _pause(message)
+    get_connection().hincrby("slowchaos:redis:handled", message.key, 1)
+
+
+@consumer(SLOW_CHAOS_STREAM, group="plain", max_deliveries=50, retry_backoff=(0.2, 1))
+def slow_chaos_plain(message):
+    _pause(message)
+    get_connection().hincrby("slowchaos:plain:handled", message.key, 1)
