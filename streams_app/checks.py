@@ -62,9 +62,10 @@ def check_streams_settings(app_configs=None, **kwargs):
         if merged["PENDING_TIMEOUT_MS"] <= merged["BLOCK_MS"]:
             errors.append(
                 Warning(
-                    "STREAMS['PENDING_TIMEOUT_MS'] is not above BLOCK_MS: entries still being handled "
-                    "may be claimed by another consumer and handled twice.",
-                    hint="Keep PENDING_TIMEOUT_MS well above the longest handler run.",
+                    "STREAMS['PENDING_TIMEOUT_MS'] is not above BLOCK_MS: a worker renews the entries it "
+                    "holds every quarter of the pending timeout, and a blocked read may delay that renewal.",
+                    hint="Keep PENDING_TIMEOUT_MS well above BLOCK_MS and above the pauses a live process may "
+                         "have (GC, VM migration); handlers may run longer than it.",
                     id="streams_app.W002",
                 )
             )

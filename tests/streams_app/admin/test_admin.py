@@ -106,6 +106,19 @@ def test_replay_confirms_first_then_replays_to_the_group_with_an_audit_entry(sta
     assert not DeadLetter.objects.exists()
 
 
+def test_replay_to_a_destroyed_group_is_refused_and_removes_nothing(staff_client, redis):
+    entries = dead_letter(redis, [{"n": 1}, {"n": 2}])
+    pks = rows(*entries)
+    redis.xgroup_destroy("jobs", "a")
+    client = staff_client("streams_app.replay_deadletter")
+    done = client.post(CHANGELIST, action("replay_selected", pks, post="yes"), follow=True)
+    assert any("group 'a' does not exist on stream 'jobs'" in str(m) for m in done.context["messages"])
+    assert dlq(redis) == entries and redis.xlen("jobs") == 2
+    assert DeadLetter.objects.filter(pk__in=pks).count() == 2
+    edited = client.post(f"{CHANGELIST}{pks[0]}/replay/", {"payload": "{}", "post": "yes"}, follow=True)
+    assert edited.status_code == 200 and dlq(redis) == entries and redis.xlen("jobs") == 2
+
+
 def test_a_dead_letter_replayed_or_deleted_meanwhile_gets_a_message_not_a_500(staff_client, redis):
     gone, kept = dead_letter(redis, [{"n": 1}, {"n": 2}])
     pks = rows(gone, kept)

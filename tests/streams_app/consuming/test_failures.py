@@ -289,3 +289,30 @@ def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
     result = replay("jobs", "a", all=True, progress=fail_again)
     assert len(result.replayed) == 250
     assert redis.xlen("{jobs}:dlq") == 2  # the new ones wait for the next replay
+
+
+def test_move_decodes_its_own_replies_in_a_shared_pipeline_and_a_refused_move_blocks_nothing(redis_factory):
+    """maxmemory refuses the XADD of a dead letter: that entry stays pending, untouched, and reports
+    'refused'; the acked one reports 'not pending'; nothing is miscounted or half-moved."""
+    import redis as redis_py
+
+    from streams_app.deadletters.store import record_errors
+
+    server = redis_factory()
+    conn = redis_py.Redis(port=server.port)
+    ids = [conn.xadd("jobs", {"payload": "{}"}).decode() for _ in range(3)]
+    conn.xgroup_create("jobs", "a", id="0")
+    conn.xreadgroup("a", "ghost", {"jobs": ">"})
+    conn.xack("jobs", "a", ids[2])
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", "1")
+    pipe = conn.pipeline(transaction=False)
+    record_errors(conn, "jobs", "a", "me", [(ids[0], "E: x", "")], 60, pipeline=pipe)  # refused too
+    queued = move(conn, "jobs", "a", [(i, "E: x", "") for i in ids], pipeline=pipe)
+    result = queued.result(pipe.execute(raise_on_error=False))
+    assert result.moved == [] and result.not_pending == [ids[2]]
+    assert [i for i, _ in result.refused] == ids[:2] and "maxmemory" in result.refused[0][1]
+    assert conn.xpending("jobs", "a")["pending"] == 2 and conn.xlen("{jobs}:dlq") == 0
+    conn.config_set("maxmemory", "0")
+    again = move(conn, "jobs", "a", [(i, "E: x", "") for i in ids])
+    assert [i for i, _ in again.moved] == ids[:2] and conn.xpending("jobs", "a")["pending"] == 0
