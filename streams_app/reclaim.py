@@ -25,8 +25,9 @@ from streams_app.consuming import liveness
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from shoal_common.redis_errors import is_missing, is_wrongtype
+from shoal_common.redis_errors import is_missing, is_oom, is_wrongtype
 from shoal_common.text import to_text
+from streams_app.consuming import refusals
 from streams_app.consuming.groups import key_type
 from streams_app.entry_ids import id_key, next_id
 from streams_app.registry import registered
@@ -90,7 +91,10 @@ class Reclaimer:
             except TRANSIENT_ERRORS as exc:
                 self.unreachable(report, f"checking {spec.name}", exc)
             except redis.ResponseError as exc:
-                if not _absent(exc):
+                if is_oom(exc):
+                    report.errors.append(f"{spec.name}: {exc}")
+                    refusals.refused("reclaim", exc)
+                elif not _absent(exc):
                     self._skip(spec.name, spec.stream, exc, report)
         for stream in sorted({s.stream for s in self.specs if s.retention == "acked"}):
             try:
@@ -104,6 +108,11 @@ class Reclaimer:
             self.snapshot(now, report)
         except TRANSIENT_ERRORS as exc:
             self.unreachable(report, "taking snapshots", exc)
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            report.errors.append(f"snapshots: {exc}")
+            refusals.refused("snapshot", exc)  # the gauges were set; the row waits for room in Redis
         except DatabaseError as exc:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
@@ -112,6 +121,8 @@ class Reclaimer:
         if not report.unreachable and self.down_since is not None:
             logger.warning("Reclaimer: Redis reachable again after %.0fs; passes go on", time.monotonic() - self.down_since)
             self.down_since = None
+        if not any("maxmemory" in error for error in report.errors):
+            refusals.accepted()
         self.passes += 1
         return report
 

@@ -184,6 +184,6 @@ reclaimer_dead_lettered = Counter("shoal_reclaimer_dead_lettered", "Entries the 
 reclaimer_trimmed = Counter("shoal_reclaimer_trimmed", "Acknowledged entries the reclaim daemon trimmed.", ("stream",))
 redis_writes_refused = Counter(
     "shoal_redis_writes_refused", "Writes Redis refused at maxmemory (OOM) that a consumer skipped or deferred "
-    "(what=liveness, last_error, dead_letter, idempotency, group).", ("what",))
+    "(what=liveness, last_error, dead_letter, idempotency, group, reclaim, snapshot).", ("what",))
 redis_oom = Gauge("shoal_redis_oom", "1 while this process's last write was refused at Redis's maxmemory, else 0.",
                   multiprocess_mode="max")

@@ -210,3 +210,21 @@ def test_liveness_of_a_consumer_no_group_knows_is_forgotten_once_long_lapsed(red
                                              "alive": now_ms + 15_000})
     reclaimer(["jobs:a"], DEAD_CONSUMER_IDLE=60.0).tick()
     assert set(redis.hkeys("{jobs}:consumers")) == {"lapsed-just-now", "alive"}
+
+
+def test_a_pass_at_maxmemory_defers_what_redis_refuses_and_finishes_it_later(redis):
+    """noeviction at maxmemory: the dead-letter XADD and the snapshot key are refused; the pass ends
+    with errors instead of raising, the entries stay pending, and the next pass with room moves them."""
+    ids = publish_many("jobs", [{"n": n} for n in range(3)])
+    abandon(redis, "jobs", "a", ids, deliveries=5)
+    daemon = reclaimer(["jobs:a"], PENDING_TIMEOUT_MS=1000, SNAPSHOT_INTERVAL=0.001)
+    redis.config_set("maxmemory-policy", "noeviction")
+    redis.config_set("maxmemory", "1")
+    try:
+        report = daemon.tick()
+    finally:
+        redis.config_set("maxmemory", "0")
+    assert report.dead_lettered == {} and any("3 dead-letter moves refused" in e for e in report.errors), report
+    assert redis.xpending("jobs", "a")["pending"] == 3 and redis.xlen("{jobs}:dlq") == 0
+    assert daemon.tick().dead_lettered == {"jobs:a": 3}
+    assert redis.xpending("jobs", "a")["pending"] == 0
