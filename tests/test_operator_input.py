@@ -152,7 +152,7 @@ def test_replay_payload_null_republishes_null(redis):
     first, second = dead_letter(redis, [{"n": 1}, {"n": 2}])
     call_command("replay", "jobs", "--group", "a", "--id", first, "--payload", "null", stdout=io.StringIO())
     result = replay("jobs", "a", ids=[second], payload_override=None)  # the library: None is "no override"
-    payloads = [f["payload"] for _, f in redis.xrange("jobs") if f.get("replay_of")]
+    payloads = [f["payload"] for _, f in redis.xrange("jobs") if f.get("shoal:replay_of")]
     assert payloads == ["null", json.dumps({"n": 2}, separators=(",", ":"))]
     assert result.replayed
 
@@ -167,7 +167,7 @@ def test_admin_replay_with_an_edited_payload_of_null_republishes_null(staff_clie
     client = staff_client("streams_app.replay_deadletter")
     response = client.post(f"/admin/streams_app/deadletter/{pk}/replay/", {"payload": "null", "post": "yes"})
     assert response.status_code == 302
-    [replayed] = [f for _, f in redis.xrange("jobs") if f.get("replay_of")]
+    [replayed] = [f for _, f in redis.xrange("jobs") if f.get("shoal:replay_of")]
     assert replayed["payload"] == "null"
 
 

@@ -65,7 +65,7 @@ def test_reclaimer_skips_a_stream_key_of_another_type_audits_the_rest_and_says_s
     assert "the pass did not complete" in out and "Redis key 'jobs' holds a string, not a stream" in out
     assert "Traceback" not in out
     [(_, fields)] = redis.xrange(keys.dead_letter_key("failing"))  # the other groups were audited
-    assert fields["origin_id"] == entry
+    assert fields["shoal:origin_id"] == entry
     assert redis.get("jobs") == "precious"
     [(problem,)] = process_database.rows("SELECT problem FROM streams_app_stream WHERE name = 'jobs'")
     assert "holds a string, not a stream" in problem
@@ -92,8 +92,8 @@ def test_db_guard_never_acks_work_its_transaction_rolled_back(redis, run, proces
     assert process_database.rows("SELECT key FROM streams_app_processedmessage") == [(committed,)]
     letters = [f for _, f in redis.xrange(keys.dead_letter_key("dbshared"))]
     assert sorted(json.loads(f["payload"])["name"] for f in letters) == sorted({f"order-{n}" for n in range(4)} - {committed})
-    assert all(f["error"].startswith("TransactionRolledBack:") and "transaction.atomic()" in f["error"]
-               for f in letters), letters[0]["error"]
+    assert all(f["shoal:error"].startswith("TransactionRolledBack:") and "transaction.atomic()" in f["shoal:error"]
+               for f in letters), letters[0]["shoal:error"]
 
 
 def test_db_guard_with_the_savepoint_rule_commits_every_message(redis, run, process_database):
