@@ -118,9 +118,10 @@ def test_xgroup_destroy_while_consuming_recreates_the_group_after_what_was_read(
 
 # -- 4. Redis at maxmemory ---------------------------------------------------------------------------
 
-def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis_factory, run_consumer):
+@pytest.mark.parametrize("pool", [[], ["--workers", "2"]], ids=["single", "supervised"])
+def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis_factory, run_consumer, pool):
     """noeviction at maxmemory: before the fix the liveness beat's OOM (or XGROUP CREATE's, at start)
-    made the process exit 1 after a fraction of the backlog."""
+    made the process exit 1 after a fraction of the backlog, and supervised workers crash-looped."""
     server = redis_factory()
     client = server.client()
     pipe = client.pipeline(transaction=False)
@@ -130,7 +131,7 @@ def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis
     client.xgroup_create("noop", "bench", id="0")
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", "1")  # every write that may grow memory is refused from now on
-    worker = run_consumer("noop:bench", server=server, streams={"CONSUMER_TTL": 1, "BATCH_SIZE": 100})
+    worker = run_consumer("noop:bench", *pool, server=server, streams={"CONSUMER_TTL": 1, "BATCH_SIZE": 100})
 
     def drained():
         [group] = client.xinfo_groups("noop")
@@ -139,7 +140,9 @@ def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis
     wait_for(drained, timeout=120, what="the whole backlog read and acked at maxmemory")
     wait_for(lambda: "Redis is at maxmemory and refuses writes" in worker.output(), timeout=30, what="the OOM warning")
     assert worker.proc.poll() is None, worker.output()
-    assert worker.output().count("Redis is at maxmemory and refuses writes") == 1  # once, not per beat
+    # Once per process, not per beat; no worker crashed or was replaced.
+    assert worker.output().count("Redis is at maxmemory and refuses writes") == (2 if pool else 1)
+    assert "crashed" not in worker.output() and "Traceback" not in worker.output()
     client.config_set("maxmemory", "0")
     wait_for(lambda: "Redis accepts writes again" in worker.output(), timeout=30, what="the recovery line")
     assert stop(worker) == [0], worker.output()
