@@ -3,7 +3,7 @@ import time
 
 from streams_app import publish, publish_many
 from streams_app.connection import get_connection
-from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401  (make_loop is a fixture)
+from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
 
 
@@ -222,3 +222,21 @@ def test_an_entry_running_here_is_not_claimed_back_from_whoever_took_it(redis, m
     while time.monotonic() < deadline:
         loop.tick()
     assert redis.llen("started:jobs:a") == 1, "this process ran the entry a second time"
+
+
+def test_keep_alive_resets_the_idle_time_of_held_entries_only_while_this_consumer_owns_them(redis, make_loop):
+    """What a live worker holds never looks idle; an entry another consumer took over meanwhile (this one
+    was frozen) is not claimed back, and no delivery is counted."""
+    from streams_app.consuming.loop import KEEP_ALIVE_FRACTION
+
+    ids = [publish("jobs", {"n": n, "sleep": 3}) for n in range(2)]
+    loop = make_loop(threads=2, PENDING_TIMEOUT_MS=400 * KEEP_ALIVE_FRACTION)
+    run_until(loop, lambda: redis.llen("started:jobs:a") == 2)
+    redis.xclaim("jobs", "a", "other", 0, [ids[1]])  # taken over while this loop still runs it
+    time.sleep(0.5)  # both entries idle past one keep-alive period
+    loop.keep_alive(loop.clock())
+    rows = {r["message_id"]: r for r in redis.xpending_range("jobs", "a", "-", "+", 10)}
+    assert rows[ids[0]]["consumer"] == "me" and rows[ids[0]]["time_since_delivered"] < 300
+    assert rows[ids[0]]["times_delivered"] == 1
+    assert rows[ids[1]]["consumer"] == "other" and rows[ids[1]]["time_since_delivered"] >= 500
+    run_until(loop, lambda: settled(loop), timeout=30)
