@@ -21,13 +21,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
 import pytest
 import redis as redis_py
 
+from streams_app import keys as keys_module
 from streams_app.producer import encode_message
 from tests.conftest import ROOT, ConsumerProcess
 from tests.testapp.consumers import SLOW_CHAOS_STREAM
@@ -129,7 +129,7 @@ def test_slow_handlers_hoarding_freezes_and_a_full_redis(redis_factory, database
 
         rows = effects()
         assert set(rows) == set(keys) and max(rows.values()) == 1, {k: n for k, n in rows.items() if n != 1}
-        dead = client.xrange("{%s}:dlq" % SLOW_CHAOS_STREAM)
+        dead = client.xrange(keys_module.dead_letter_key(SLOW_CHAOS_STREAM))
         assert dead == [], f"entries dead-lettered although their handlers all succeeded: {dead[:3]}"
         redis_twice = {k: n for k, n in client.hgetall("slowchaos:redis:handled").items() if int(n) > 1}
         plain_twice = {k: n for k, n in client.hgetall("slowchaos:plain:handled").items() if int(n) > 1}
