@@ -316,3 +316,26 @@ def test_move_decodes_its_own_replies_in_a_shared_pipeline_and_a_refused_move_bl
     conn.config_set("maxmemory", "0")
     again = move(conn, "jobs", "a", [(i, "E: x", "") for i in ids])
     assert [i for i, _ in again.moved] == ids[:2] and conn.xpending("jobs", "a")["pending"] == 0
+
+
+def test_original_fields_named_like_shoal_metadata_survive_dead_lettering_and_replay(redis):
+    """A foreign producer's fields 'group', 'error', 'consumer', 'target_group' are its own: the dead
+    letter keeps them (Shoal's metadata is shoal:*), and replay puts them back as they were."""
+    import io
+
+    from django.core.management import call_command
+
+    from streams_app.deadletters.store import get_dead_letters
+
+    theirs = {"payload": "{}", "group": "billing", "error": "none", "consumer": "ext", "target_group": "x"}
+    ids = [redis.xadd("jobs", theirs) for _ in range(3)]
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.xreadgroup("a", "ghost", {"jobs": ">"})
+    dead_ids = move(get_connection(), "jobs", "a", [(i, "E: x", "") for i in ids]).dead_letter_ids
+    letters = get_dead_letters("jobs", dead_ids)
+    assert all(d.original_fields == theirs and d.group == "a" and d.error == "E: x" for d in letters)
+    call_command("replay", "jobs", "--group", "a", "--id", *dead_ids[:2], stdout=io.StringIO())  # several ids, one flag
+    replayed = [f for _, f in redis.xrange("jobs") if "shoal:replay_of" in f]
+    assert [f["shoal:replay_of"] for f in replayed] == ids[:2]
+    assert all({k: v for k, v in f.items() if not k.startswith("shoal:")} == theirs for f in replayed)
+    assert [i for i, _ in redis.xrange("{jobs}:dlq")] == dead_ids[2:]
