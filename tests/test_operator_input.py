@@ -199,8 +199,8 @@ def test_dead_letters_sorted_by_entry_id_follow_ms_then_seq(staff_client, redis)
     from streams_app.admin import mirror
 
     for seq in (1, 2, 10):
-        redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_id": f"1-{seq}", "error": "x"}, id=f"299-{seq}")
-    redis.xadd("{jobs}:dlq", {"payload": "{}", "group": "a", "origin_id": "1-0", "error": "x"}, id="1000-0")
+        redis.xadd("{jobs}:dlq", {"payload": "{}", "shoal:group": "a", "shoal:origin_id": f"1-{seq}", "shoal:error": "x"}, id=f"299-{seq}")
+    redis.xadd("{jobs}:dlq", {"payload": "{}", "shoal:group": "a", "shoal:origin_id": "1-0", "shoal:error": "x"}, id="1000-0")
     mirror.sync_all()
     client = staff_client()
     page = client.get("/admin/streams_app/deadletter/", {"o": "0"}).content.decode()  # column 0: entry id (no actions for view-only staff)

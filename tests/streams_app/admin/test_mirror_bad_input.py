@@ -17,8 +17,8 @@ PAGES = ["/admin/", "/admin/streams_app/deadletter/", "/admin/streams_app/stream
 
 def raw_dead_letter(redis, stream, payload, group="a"):
     """A dead letter as a foreign producer's entry would become one: its payload bytes kept as they are."""
-    return redis.xadd(keys.dead_letter_key(stream), {"payload": payload, "group": group, "origin_id": "1-0",
-                                                     "error": "decode: not JSON", "deliveries": "1"})
+    return redis.xadd(keys.dead_letter_key(stream), {"payload": payload, "shoal:group": group, "shoal:origin_id": "1-0",
+                                                     "shoal:error": "decode: not JSON", "shoal:deliveries": "1"})
 
 
 def test_invalid_utf8_in_a_dead_letter_is_shown_escaped_and_pages_work(staff_client, redis):
