@@ -62,8 +62,8 @@ def test_async_handler_that_raises_is_retried_then_dead_lettered(redis, run_cons
     proc = run_consumer("ajobs:a")
     wait_for(lambda: redis.xlen("{ajobs}:dlq") == 1, timeout=60, what="the failing entry dead-lettered")
     [(_, fields)] = redis.xrange("{ajobs}:dlq")
-    assert fields["origin_id"] == bad and fields["deliveries"] == "3"  # max_deliveries=3
-    assert "RuntimeError: asked to fail: always" in fields["error"]
+    assert fields["shoal:origin_id"] == bad and fields["shoal:deliveries"] == "3"  # max_deliveries=3
+    assert "RuntimeError: asked to fail: always" in fields["shoal:error"]
     assert "async def abehave" in fields["traceback"] or "abehave" in fields["traceback"]
     assert listed(redis, "started", "ajobs", "a").count(bad) == 3
     wait_for(lambda: not pending_ids(redis, "ajobs", "a"), timeout=30, what="nothing pending")
@@ -128,8 +128,8 @@ def test_sync_handler_returning_a_coroutine_fails_its_entry_and_is_dead_lettered
     proc = run_consumer("coro:g")
     wait_for(lambda: redis.xlen("{coro}:dlq") == 1, timeout=60, what="the entry dead-lettered")
     [(_, fields)] = redis.xrange("{coro}:dlq")
-    assert fields["origin_id"] == entry and fields["deliveries"] == "2"
-    assert "HandlerShapeError" in fields["error"] and "returned an awaitable" in fields["error"]
+    assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "2"
+    assert "HandlerShapeError" in fields["shoal:error"] and "returned an awaitable" in fields["shoal:error"]
     assert listed(redis, "started", "coro", "g") == []  # the coroutine's body never ran
     assert "was never awaited" not in proc.output()
     proc.signal(signal.SIGTERM)
@@ -142,10 +142,10 @@ def test_system_exit_keyboard_interrupt_and_generator_exit_obey_max_deliveries(r
     bad = publish_raw(redis, stream, [{"raise": kind} for kind in ("SystemExit", "KeyboardInterrupt", "GeneratorExit")])
     proc = run_consumer(f"{stream}:g", "jobs:a")
     wait_for(lambda: redis.xlen(f"{{{stream}}}:dlq") == 3, timeout=60, what="3 entries dead-lettered")
-    letters = {f["origin_id"]: f for _, f in redis.xrange(f"{{{stream}}}:dlq")}
+    letters = {f["shoal:origin_id"]: f for _, f in redis.xrange(f"{{{stream}}}:dlq")}
     assert set(letters) == set(bad)
-    assert {f["deliveries"] for f in letters.values()} == {"2"}
-    assert sorted(f["error"].split(":")[0] for f in letters.values()) == ["GeneratorExit", "KeyboardInterrupt",
+    assert {f["shoal:deliveries"] for f in letters.values()} == {"2"}
+    assert sorted(f["shoal:error"].split(":")[0] for f in letters.values()) == ["GeneratorExit", "KeyboardInterrupt",
                                                                           "SystemExit"]
     assert Counter(listed(redis, "started", stream, "g")) == {entry: 2 for entry in bad}  # never a third time
     # Still consuming, both groups.
@@ -166,8 +166,8 @@ def test_exception_whose_str_raises_is_dead_lettered_and_its_neighbours_acked(re
     proc = run_consumer("raises:g")
     wait_for(lambda: redis.xlen("{raises}:dlq") == 1, timeout=60, what="the entry dead-lettered")
     [(_, fields)] = redis.xrange("{raises}:dlq")
-    assert fields["origin_id"] == bad and fields["deliveries"] == "2"
-    assert fields["error"].startswith("BadStr (str() failed): BadStr()")
+    assert fields["shoal:origin_id"] == bad and fields["shoal:deliveries"] == "2"
+    assert fields["shoal:error"].startswith("BadStr (str() failed): BadStr()")
     wait_for(lambda: not pending_ids(redis, "raises", "g"), timeout=30, what="the neighbours acked")
     assert sorted(listed(redis, "handled", "raises", "g")) == sorted(i for i in ids if i != bad)
     assert proc.proc.poll() is None, proc.output()
