@@ -64,7 +64,7 @@ def test_async_handler_that_raises_is_retried_then_dead_lettered(redis, run_cons
     [(_, fields)] = redis.xrange("{ajobs}:dlq")
     assert fields["shoal:origin_id"] == bad and fields["shoal:deliveries"] == "3"  # max_deliveries=3
     assert "RuntimeError: asked to fail: always" in fields["shoal:error"]
-    assert "async def abehave" in fields["traceback"] or "abehave" in fields["traceback"]
+    assert "async def abehave" in fields["shoal:traceback"] or "abehave" in fields["shoal:traceback"]
     assert listed(redis, "started", "ajobs", "a").count(bad) == 3
     wait_for(lambda: not pending_ids(redis, "ajobs", "a"), timeout=30, what="nothing pending")
     assert sorted(listed(redis, "handled", "ajobs", "a")) == sorted(good)
