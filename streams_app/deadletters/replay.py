@@ -13,7 +13,8 @@ import redis
 
 from streams_app import codec, keys, scripts
 from streams_app.connection import get_connection
-from streams_app.deadletters.store import get_dead_letters
+from streams_app.deadletters.store import DeadLetter, get_dead_letters
+from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
@@ -130,7 +131,8 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [_text(i) for i, f in page if _text(f.get(b"shoal:group", f.get("shoal:group", b""))) == group]
+        mine = [i for i, letter in ((_text(i), DeadLetter(_text(i), decode_fields(f))) for i, f in page)
+                if letter.group == group]
         _replay_batch(conn, stream, group, mine, override, dry_run, result)
         if progress is not None:
             progress(scanned, max(total, scanned))

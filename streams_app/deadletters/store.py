@@ -179,9 +179,14 @@ class DeadLetter:
     id: str
     fields: dict  # every field as text, the metadata included
 
+    @property
+    def legacy(self):
+        """Written before Shoal namespaced its fields: metadata under the bare names (origin_id, group, ...)."""
+        return PREFIX + "origin_id" not in self.fields and "origin_id" in self.fields
+
     def meta(self, name):
         """Metadata field ``name`` (e.g. "group"), '' if absent."""
-        return self.fields.get(PREFIX + name, "")
+        return self.fields.get(name if self.legacy else PREFIX + name, "")
 
     @property
     def group(self):
@@ -216,6 +221,9 @@ class DeadLetter:
     @property
     def original_fields(self):
         """The entry's fields as they were on the stream (unpacked if they were stored as one value)."""
+        if self.legacy:
+            bare = {name[len(PREFIX):] for name in METADATA_FIELDS}
+            return {k: v for k, v in self.fields.items() if k not in bare}
         original = {k: v for k, v in self.fields.items() if k not in METADATA_FIELDS and k != PACKED_FIELDS}
         packed = self.fields.get(PACKED_FIELDS)
         if packed is not None:

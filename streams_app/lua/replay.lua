@@ -19,6 +19,9 @@ end
 if not exists then
   return redis.error_reply('NOGROUP group ' .. group .. ' does not exist on ' .. stream)
 end
+-- Dead letters written before Shoal namespaced its fields (no shoal:origin_id) carry the old names.
+local legacy_drop = {origin_stream = true, origin_id = true, group = true, consumer = true, deliveries = true,
+                     error = true, traceback = true, failed_at = true, target_group = true, replay_of = true}
 local drop = {['shoal:origin_stream'] = true, ['shoal:origin_id'] = true, ['shoal:group'] = true,
               ['shoal:consumer'] = true, ['shoal:deliveries'] = true, ['shoal:error'] = true,
               ['shoal:traceback'] = true, ['shoal:failed_at'] = true, ['shoal:target_group'] = true,
@@ -37,8 +40,17 @@ for i = 4, #ARGV do
   else
     local raw = entry[1][2]
     local info = {}
+    local skip = drop
     for j = 1, #raw, 2 do
       if drop[raw[j]] then info[raw[j]] = raw[j + 1] end
+    end
+    if not info['shoal:origin_id'] then
+      skip = {}
+      for k, v in pairs(legacy_drop) do skip[k] = v end
+      if override ~= '' then skip.payload = true; skip.data = true end
+      for j = 1, #raw, 2 do
+        if skip[raw[j]] then info['shoal:' .. raw[j]] = raw[j + 1] end
+      end
     end
     if info['shoal:group'] ~= group then
       result[#result + 1] = 'other-group'
@@ -47,7 +59,7 @@ for i = 4, #ARGV do
     else
       local fields = {}
       for j = 1, #raw, 2 do
-        if not drop[raw[j]] then
+        if not skip[raw[j]] then
           fields[#fields + 1] = raw[j]
           fields[#fields + 1] = raw[j + 1]
         end

@@ -339,3 +339,21 @@ def test_original_fields_named_like_shoal_metadata_survive_dead_lettering_and_re
     assert [f["shoal:replay_of"] for f in replayed] == ids[:2]
     assert all({k: v for k, v in f.items() if not k.startswith("shoal:")} == theirs for f in replayed)
     assert [i for i, _ in redis.xrange("{jobs}:dlq")] == dead_ids[2:]
+
+
+def test_dead_letters_written_before_the_shoal_prefix_are_still_read_and_replayed(redis):
+    """Upgrading: dead letters already in {S}:dlq carry the old bare metadata names."""
+    from streams_app.deadletters.store import get_dead_letters
+
+    redis.xgroup_create("jobs", "a", id="$", mkstream=True)
+    old = {"payload": "{}", "key": "k1", "origin_stream": "jobs", "origin_id": "5-0", "group": "a",
+           "consumer": "c", "deliveries": "5", "error": "E: old", "traceback": "", "failed_at": "1"}
+    dead_ids = [redis.xadd("{jobs}:dlq", old) for _ in range(2)]
+    [letter] = get_dead_letters("jobs", dead_ids[:1])
+    assert (letter.group, letter.origin_id, letter.error, letter.deliveries) == ("a", "5-0", "E: old", 5)
+    assert letter.original_fields == {"payload": "{}", "key": "k1"}
+    assert len(replay("jobs", "a", ids=dead_ids[:1]).replayed) == 1
+    assert len(replay("jobs", "a", all=True).replayed) == 1
+    replayed = [f for _, f in redis.xrange("jobs")]
+    assert replayed == [{"payload": "{}", "key": "k1", "shoal:target_group": "a", "shoal:replay_of": "5-0"}] * 2
+    assert redis.xlen("{jobs}:dlq") == 0
