@@ -102,6 +102,9 @@ class Message:
     def target_group(self):
         """Set on replayed dead letters: only this group handles the entry; others ack it unseen."""
         raw = _raw(self.raw_fields, TARGET_GROUP_FIELD)
+        if raw is None and _raw(self.raw_fields, b"replay_of") is not None:
+            # Replayed before Shoal namespaced its fields (both bare names together: not a producer's).
+            raw = _raw(self.raw_fields, b"target_group")
         return None if raw is None else _text(raw)
 
     @property

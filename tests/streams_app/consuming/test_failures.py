@@ -357,3 +357,14 @@ def test_dead_letters_written_before_the_shoal_prefix_are_still_read_and_replaye
     replayed = [f for _, f in redis.xrange("jobs")]
     assert replayed == [{"payload": "{}", "key": "k1", "shoal:target_group": "a", "shoal:replay_of": "5-0"}] * 2
     assert redis.xlen("{jobs}:dlq") == 0
+
+
+def test_only_shoal_marks_an_entry_as_replayed_for_one_group():
+    from streams_app.message import Message
+
+    def target(fields):
+        return Message("1-0", "jobs", "a", fields).target_group
+
+    assert target({b"payload": b"{}", b"target_group": b"x"}) is None  # a producer's own field
+    assert target({b"payload": b"{}", b"shoal:target_group": b"b"}) == "b"
+    assert target({b"payload": b"{}", b"target_group": b"b", b"replay_of": b"1-0"}) == "b"  # replayed before the prefix
