@@ -47,7 +47,7 @@ for i = 4, #ARGV do
     if not info['shoal:origin_id'] then
       skip = {}
       for k, v in pairs(legacy_drop) do skip[k] = v end
-      if override ~= '' then skip.payload = true; skip.data = true end
+      if override ~= '' then skip.payload = true; skip.data = true; skip.payload_types = true end
       for j = 1, #raw, 2 do
         if skip[raw[j]] then info['shoal:' .. raw[j]] = raw[j + 1] end
       end

@@ -179,6 +179,7 @@ def test_an_unknown_codec_is_refused_by_publish_and_by_the_checks(redis, setting
 
 
 def test_cli_replay_with_an_edited_payload_keeps_the_types_it_is_given(redis):
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)  # a replay needs its group to exist
     entry = redis.xadd(keys.dead_letter_key("jobs"), {
         "payload": '{"at":"2026-01-01"}', "payload_types": '{"/at":"date"}', "origin_stream": "jobs",
         "origin_id": "1-0", "group": "a", "error": "x", "deliveries": "1"})
@@ -194,6 +195,7 @@ def test_cli_replay_with_an_edited_payload_keeps_the_types_it_is_given(redis):
 
 
 def test_python_replay_override_keeps_types_and_a_plain_override_drops_the_old_ones(redis):
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)  # a replay needs its group to exist
     from streams_app.deadletters.replay import replay
 
     def letter():
