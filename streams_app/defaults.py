@@ -65,6 +65,15 @@ SETTINGS = (
             "Seconds GroupSnapshot rows are kept for the admin charts before the reclaim daemon prunes them."),
     Setting("BROADCAST_CHANNEL", "shoal:broadcast", NON_EMPTY_STRING,
             "The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each.", check_id="E020"),
+    # -- the transactional outbox (streams_app/outbox, docs/publishing.md) --------------------
+    Setting("OUTBOX_BATCH", 500, POSITIVE_INT,
+            "Outbox rows one relay claims, XADDs in one pipeline and marks in one transaction; also the size of "
+            "each delete of relayed rows."),
+    Setting("OUTBOX_SWEEP_INTERVAL", 2.0, POSITIVE_NUMBER,
+            "Seconds a relay waits for a commit's nudge before it sweeps the outbox anyway (rows whose nudge was "
+            "lost: a process killed after its commit, Redis away). Keep it below the Redis socket timeout."),
+    Setting("OUTBOX_RETENTION", 3600, POSITIVE_INT,
+            "Seconds a relayed outbox row is kept (the admin shows it) before the relay deletes it."),
     # -- the runconsumer supervisor (--workers / --min-workers) ------------------------------
     Setting("TARGET_LAG", 100, POSITIVE_INT,
             "Autoscaling aims at this backlog (XINFO GROUPS ``lag``, summed over the selected groups): above "

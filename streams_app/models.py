@@ -147,3 +147,6 @@ class MirrorState(models.Model):
 
     def __str__(self):
         return self.name
+
+
+from streams_app.outbox.models import OutboxMessage  # noqa: E402,F401  (the model lives with the outbox code)

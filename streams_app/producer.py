@@ -86,10 +86,18 @@ def _check_maxlen(maxlen):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
 
 
-def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None):
-    """Append one message; return its entry id (None when queued on ``pipeline``)."""
+def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
+            using="default"):
+    """Append one message; return its entry id (None when queued on ``pipeline``).
+
+    ``outbox=True``: write it to the transactional outbox of database ``using`` instead, in the
+    caller's transaction (streams_app/outbox); the relay publishes it after the commit. Returns
+    the message key (generated when not given).
+    """
     validate_stream_name(stream)
     _check_maxlen(maxlen)
+    if outbox:
+        return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
     if pipeline is not None:
         _xadd(pipeline, stream, fields, maxlen)
@@ -104,13 +112,15 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     return to_text(entry_id)
 
 
-def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None):
+def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default"):
     """Append many messages, 1000 per round trip; return their ids in order.
 
     Every payload is encoded before the first is sent, so bad input publishes nothing (the
     PublishError's ``index`` names the message). Each batch of 1000 is one MULTI/EXEC: Redis
     stores all of it or none of it. When Redis fails after some batches were stored, the
     PartialPublishError says exactly which messages were published (its ``ids``).
+
+    ``outbox=True``: all of them go to the outbox in the caller's transaction; returns their keys.
     """
     validate_stream_name(stream)
     _check_maxlen(maxlen)
@@ -119,6 +129,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
         keys = list(keys)
         if len(keys) != len(payloads):
             raise PublishError(f"got {len(keys)} keys for {len(payloads)} payloads")
+    if outbox:
+        return _to_outbox(stream, payloads, keys or [None] * len(payloads), headers, maxlen, using, codec=codec)
     encoded = []
     for index, payload in enumerate(payloads):
         try:
@@ -146,6 +158,23 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
             raise _partial(stream, ids, len(batch), exc) from None
         ids.extend(to_text(i) for i in replies)
     return ids
+
+
+def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, codec=None):
+    from streams_app.outbox import enqueue
+
+    if pipeline is not None:
+        raise PublishError("outbox=True writes to the database, not to a Redis pipeline: pass one or the other")
+    keys = [enqueue.check_key(key) for key in keys]
+    encoded = []
+    for index, (payload, key) in enumerate(zip(payloads, keys)):
+        try:
+            encoded.append(encode_message(payload, key=key, headers=headers, codec=codec))
+        except PublishError as exc:
+            error = PublishError(f"message {index}: {exc}" if len(keys) > 1 else str(exc))
+            error.index, error.reason = index, str(exc)
+            raise error from None
+    return enqueue.enqueue(stream, encoded, keys, maxlen, using)
 
 
 def _partial(stream, ids, in_doubt, cause):

@@ -295,3 +295,13 @@ def slow_chaos_redis(message):
 def slow_chaos_plain(message):
     _pause(message)
     get_connection().hincrby("slowchaos:plain:handled", message.key, 1)
+
+
+# -- the transactional outbox (tests/streams_app/outbox) ---------------------------------------
+
+@consumer("outbox-orders", group="effects", idempotent="db")
+def outbox_order_effect(message):
+    """One Effect row per message key, in the guard's transaction: a relay's re-send makes none."""
+    from tests.testapp.models import Effect
+
+    Effect.objects.create(name=message.payload["order"], entry_id=message.id)

@@ -12,3 +12,9 @@ class Tag(models.Model):
     """A row several messages insert "if missing" (the unique name): the db guard's savepoint rule."""
 
     name = models.CharField(max_length=100, unique=True)
+
+
+class Order(models.Model):
+    """A web request's write that publishes ``order.created`` through the outbox (tests/streams_app/outbox)."""
+
+    name = models.CharField(max_length=100, unique=True)

@@ -1,5 +1,6 @@
 import logging
 import signal
+import threading
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
@@ -14,6 +15,19 @@ logger = logging.getLogger("streams_app.reclaim")
 
 
 
+def start_relay(stop):
+    """The outbox relay in a thread that stops with the reclaimer (streams_app/outbox/relay.py)."""
+    from streams_app.management.commands.runrelay import check_outbox_table
+    from streams_app.outbox.relay import Relay
+
+    check_outbox_table("default")
+    relay = Relay("default")
+    relay.stop = stop
+    thread = threading.Thread(target=relay.run, name="shoal-relay", daemon=True)
+    thread.start()
+    return thread
+
+
 class Command(BaseCommand):
     help = ("Run the reclaim daemon: dead-letter entries over their delivery limit, remove idle consumers, "
             "trim acknowledged entries (retention='acked'), record snapshots. One pass per interval.")
@@ -22,6 +36,8 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=positive_float,
                             help="Seconds between passes (default STREAMS['RECLAIM_INTERVAL']).")
         parser.add_argument("--once", action="store_true", help="Make one pass and exit.")
+        parser.add_argument("--relay", action="store_true",
+                            help="Also run the outbox relay (as `runrelay` does) in a thread of this process.")
         parser.add_argument("--metrics-port", type=port,
                             help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
 
@@ -33,7 +49,7 @@ class Command(BaseCommand):
             exc.returncode = EXIT_CONFIG
             raise
 
-    def handle(self, *args, interval, once, metrics_port, verbosity, **options):
+    def handle(self, *args, interval, once, relay, metrics_port, verbosity, **options):
         problems = settings_errors()  # also when called without system checks (call_command)
         if problems:
             raise CommandError("STREAMS settings are invalid (python manage.py check lists them): " + "; ".join(problems),
@@ -55,10 +71,13 @@ class Command(BaseCommand):
         def on_signal(signum, frame):
             reclaimer.stop.set()  # the current pass finishes; run() returns before the next
 
+        relay_thread = start_relay(reclaimer.stop) if relay and not once else None
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         logger.info("Reclaimer: watching %d groups (%s)", len(specs), ", ".join(s.name for s in specs))
         reclaimer.run(interval=interval, once=once)
+        if relay_thread is not None:
+            relay_thread.join()
         errors = reclaimer.last_report.errors if reclaimer.last_report else []
         if once and errors:
             # A cron job must not report success for a pass that audited nothing (Redis away, a bad key).

@@ -1,0 +1,73 @@
+import logging
+import signal
+
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+from django.db import DatabaseError, connections
+
+from shoal_common.cli import log_level, positive_int
+
+from streams_app.checks import settings_errors
+from streams_app.consuming.worker import EXIT_CONFIG
+from streams_app.outbox.relay import Relay
+
+
+def check_outbox_table(using):
+    """A CommandError that says what to do when the outbox table is missing or the database is unknown."""
+    from streams_app.outbox.models import OutboxMessage
+
+    if using not in connections:
+        raise CommandError(f"no database {using!r} in DATABASES (--database)", returncode=EXIT_CONFIG)
+    try:
+        OutboxMessage.objects.using(using).exists()
+    except DatabaseError as exc:
+        raise CommandError(f"cannot read the outbox table of database {using!r} ({exc}). Run `python manage.py "
+                           f"migrate --database {using}` first.", returncode=EXIT_CONFIG) from None
+
+
+class Command(BaseCommand):
+    help = ("Run the outbox relay: publish committed publish(..., outbox=True) rows to Redis, in order per key, "
+            "right after each commit (nudged) and at every sweep. Several may run on PostgreSQL; one at a time on SQLite.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--database", default="default", help="The database whose outbox to relay (default 'default').")
+        parser.add_argument("--once", action="store_true", help="Relay what is waiting, one batch at a time, and exit.")
+        parser.add_argument("--metrics-port", type=positive_int,
+                            help="Serve the shoal_outbox_* Prometheus gauges on this port (default: not served).")
+
+    def check(self, *args, **kwargs):
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            exc.returncode = EXIT_CONFIG
+            raise
+
+    def handle(self, *args, database, once, metrics_port, verbosity, **options):
+        problems = settings_errors()
+        if problems:
+            raise CommandError("STREAMS settings are invalid (python manage.py check lists them): " + "; ".join(problems),
+                               returncode=EXIT_CONFIG)
+        logging.getLogger("streams_app").setLevel(log_level(verbosity))
+        check_outbox_table(database)
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            try:
+                start_http_server(metrics_port)
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on port {metrics_port}: {exc}") from None
+        relay = Relay(database)
+
+        def on_signal(signum, frame):
+            relay.stop.set()  # the current batch finishes; the loop ends within a sweep interval
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.stdout.write(f"Relay: relaying the outbox of database {database!r} to Redis")
+        if once:
+            while relay.tick():
+                pass
+            if relay.down_since is not None:
+                raise CommandError("Redis is unreachable: the outbox rows wait in the database", returncode=1)
+        else:
+            relay.run()
+        self.stdout.write(self.style.SUCCESS(f"Relay: stopped after relaying {relay.relayed} rows"))

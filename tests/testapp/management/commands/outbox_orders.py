@@ -1,0 +1,33 @@
+"""Web-like writers for the outbox tests: each order is an Order row and an outbox publish in one transaction.
+
+``outbox_orders NAME[:rollback] ...``: one transaction per name, in order; ``:rollback`` rolls that
+one back after the publish. Each message's payload carries the order name and ``seq``, the
+order's position among the messages of the same key (``--key``, default the name itself).
+"""
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from streams_app import publish
+from tests.testapp.models import Order
+
+STREAM = "outbox-orders"
+
+
+class Command(BaseCommand):
+    def add_arguments(self, parser):
+        parser.add_argument("orders", nargs="+")
+        parser.add_argument("--keys", type=int, default=0,
+                            help="Spread the orders over this many keys (k0, k1, ...) round robin; 0: key = name.")
+
+    def handle(self, *args, orders, keys, **options):
+        seq = {}
+        for index, spec in enumerate(orders):
+            name, _, fate = spec.partition(":")
+            key = f"k{index % keys}" if keys else name
+            seq[key] = seq.get(key, -1) + 1
+            with transaction.atomic():
+                Order.objects.create(name=name)
+                publish(STREAM, {"order": name, "seq": seq[key]}, key=key, outbox=True)
+                if fate == "rollback":
+                    transaction.set_rollback(True)
+        self.stdout.write(f"wrote {len(orders)} orders")
