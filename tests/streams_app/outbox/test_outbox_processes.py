@@ -24,8 +24,8 @@ FAST = {"OUTBOX_SWEEP_INTERVAL": 0.3, "PENDING_TIMEOUT_MS": 1000, "CLAIM_INTERVA
 
 @pytest.fixture
 def run(run_consumer, process_database):
-    def start(command, *args, server=None, env=None):
-        return run_consumer(*args, server=server, streams=FAST, command=command,
+    def start(command, *args, server=None, env=None, streams=None):
+        return run_consumer(*args, server=server, streams={**FAST, **(streams or {})}, command=command,
                             env={"DATABASE_URL": process_database.url, **(env or {})})
     return start
 
@@ -103,16 +103,18 @@ def test_a_relay_killed_between_xadd_and_marking_resends_and_the_db_guard_makes_
 def test_with_redis_down_rows_accumulate_and_go_out_in_per_key_order_when_it_returns(
         redis_factory, run, process_database):
     server = redis_factory(persistent=True)
-    relays = [run("runrelay", server=server), run("runrelay", server=server)]  # two: SKIP LOCKED, or one stands by
+    # Two relays taking small batches: on PostgreSQL they share the backlog (SKIP LOCKED) and must
+    # still keep each key's order; on SQLite the second stands by.
+    relays = [run("runrelay", server=server, streams={"OUTBOX_BATCH": 3}) for _ in range(3)]
     for relay in relays:
         relay.wait_for_output("relaying the outbox", timeout=60)
     if process_database.kind == "sqlite":
         wait_for(lambda: any("one relay runs at a time" in r.output() for r in relays), timeout=60,
                  what="the second SQLite relay to say it stands by")
     server.stop()
-    orders = [f"o{i}" for i in range(60)]
+    orders = [f"o{i}" for i in range(150)]
     write_orders(process_database, server, *orders, keys=3)
-    assert waiting_rows(process_database) == 60  # accumulated: nothing could go out
+    assert waiting_rows(process_database) == 150  # accumulated: nothing could go out
     wait_for(lambda: any("Redis unreachable" in r.output() for r in relays), timeout=60, what="the outage logged")
 
     server.start()
@@ -125,7 +127,7 @@ def test_with_redis_down_rows_accumulate_and_go_out_in_per_key_order_when_it_ret
     for _, fields in client.xrange(STREAM):
         by_key[fields["key"]].append(json.loads(fields["payload"])["seq"])
     assert sorted(seen) == sorted(orders) and all(len(s) == 1 for s in seen.values())
-    assert {key: seqs for key, seqs in by_key.items()} == {f"k{i}": list(range(20)) for i in range(3)}
+    assert {key: seqs for key, seqs in by_key.items()} == {f"k{i}": list(range(50)) for i in range(3)}
     assert any("Redis reachable again" in r.output() for r in relays)
     for relay in relays:
         relay.signal(signal.SIGTERM)
