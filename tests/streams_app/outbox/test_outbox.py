@@ -1,0 +1,160 @@
+"""The outbox in one process: what publish(..., outbox=True) writes, and one relay's passes (issue 17).
+
+Real Redis, the test database of pytest-django (SQLite in memory). ``transactional_db``: the
+outbox depends on real commits and on_commit callbacks, which the ``db`` fixture's wrapping
+transaction would never run. The multi-process behaviour (kills, outages, PostgreSQL) is in
+test_outbox_processes.py.
+"""
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from streams_app import publish, publish_many
+from streams_app.exceptions import PublishError
+from streams_app.outbox import cleanup, enqueue
+from streams_app.outbox.models import OutboxMessage
+from streams_app.outbox.relay import Relay
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUICK = {"OUTBOX_BATCH": 500, "OUTBOX_SWEEP_INTERVAL": 0.1, "OUTBOX_RETENTION": 3600}
+
+
+@pytest.fixture
+def relay():
+    """relay() -> this test's Relay (quick settings), relay(fresh=True) -> another; released at teardown
+    (on SQLite, one holds the relay lock and the others stand by)."""
+    made = []
+
+    def make(fresh=False):
+        if fresh or not made:
+            made.append(Relay("default", config=QUICK))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.guard.release()
+
+
+def payloads(redis, stream):
+    return [(fields.get("key"), json.loads(fields["payload"])) for _, fields in redis.xrange(stream)]
+
+
+def test_inside_a_transaction_the_row_is_written_and_nothing_reaches_redis_until_the_relay(redis, relay):
+    with transaction.atomic():
+        key = publish("orders", {"id": 1}, key="order-1", outbox=True)
+        assert key == "order-1"
+        assert OutboxMessage.objects.filter(relayed_at__isnull=True).count() == 1
+        assert not redis.exists("orders")
+    assert redis.lrange(enqueue.NUDGE_KEY, 0, -1) == ["1"]  # the commit nudged the relay
+    assert relay().tick() is False
+    assert payloads(redis, "orders") == [("order-1", {"id": 1})]
+    row = OutboxMessage.objects.get()
+    assert row.relayed_at is not None and row.entry_id == redis.xrange("orders")[0][0]
+
+
+def test_a_rolled_back_transaction_leaves_no_row_and_no_nudge(redis, relay):
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            publish("orders", {"id": 1}, outbox=True)
+            raise RuntimeError("the view failed")
+    assert not OutboxMessage.objects.exists()
+    assert not redis.exists(enqueue.NUDGE_KEY)
+    relay().tick()
+    assert not redis.exists("orders")
+
+
+def test_outside_a_transaction_the_row_is_its_own_transaction_and_a_key_is_generated(redis, relay):
+    key = publish("orders", {"id": 2}, outbox=True)
+    assert key.startswith("outbox-") and len(key) > 20
+    assert OutboxMessage.objects.get().key == key
+    relay().tick()
+    assert payloads(redis, "orders") == [(key, {"id": 2})]
+
+
+def test_publish_many_writes_every_row_or_none(redis, relay):
+    with transaction.atomic():
+        keys = publish_many("orders", [{"n": i} for i in range(3)], keys=["a", "b", None], outbox=True)
+    assert keys[:2] == ["a", "b"] and keys[2].startswith("outbox-")
+    with pytest.raises(PublishError, match="message 1: payload is not JSON-serialisable"):
+        publish_many("orders", [{"n": 1}, {"n": object()}], outbox=True)
+    assert OutboxMessage.objects.count() == 3
+    relay().tick()
+    assert [p for _, p in payloads(redis, "orders")] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_bad_input_fails_in_the_callers_transaction(redis, relay):
+    with pytest.raises(PublishError, match="at most 255 characters"):
+        publish("orders", {}, key="k" * 256, outbox=True)
+    with pytest.raises(PublishError, match="not to a Redis pipeline"):
+        publish("orders", {}, outbox=True, pipeline=redis.pipeline())
+    with pytest.raises(PublishError, match="must not contain"):
+        publish("or{ders}", {}, outbox=True)
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_refused_row_is_retried_later_holds_back_its_key_and_says_why(redis, relay):
+    redis.set("orders", "someone's string")
+    publish("orders", {"n": 0}, key="k", outbox=True)
+    publish("orders", {"n": 1}, key="k", outbox=True)
+    publish("other", {"n": 0}, key="k", outbox=True)  # same key, another stream: not held back
+    relay().tick()
+    failing = OutboxMessage.objects.filter(attempts__gt=0)
+    # The whole batch went in one pipeline: both rows of the wrong-type key failed on their own.
+    assert [r.fields["payload"] for r in failing] == ['{"n":0}', '{"n":1}']
+    assert "holds another type, not a stream" in failing[0].last_error
+    assert failing[0].next_attempt_at > timezone.now()
+    assert redis.xlen("other") == 1
+    figures = cleanup.backlog()
+    assert (figures["rows"], figures["failing"]) == (2, 2)
+
+    # Due again, but the second row's turn only comes after the first's: sent in order once the key is fixed.
+    redis.delete("orders")
+    OutboxMessage.objects.filter(id=failing[1].id).update(next_attempt_at=None)
+    relay().tick()
+    assert not redis.exists("orders")  # n=1 waits for n=0, which is not due yet
+    OutboxMessage.objects.update(next_attempt_at=None)
+    relay().tick()
+    assert [p for _, p in payloads(redis, "orders")] == [{"n": 0}, {"n": 1}]
+    assert cleanup.backlog()["rows"] == 0
+
+
+def test_relayed_rows_are_deleted_after_the_retention_in_bounded_batches(redis, relay):
+    publish_many("orders", [{"n": i} for i in range(25)], outbox=True)
+    relay().tick()
+    OutboxMessage.objects.update(relayed_at=timezone.now() - timedelta(hours=2))
+    publish("orders", {"n": "fresh"}, outbox=True)
+    relay().tick()
+    assert cleanup.delete_relayed("default", retention=3600, batch=2) == 2 * cleanup.MAX_BATCHES
+    assert cleanup.delete_relayed("default", retention=3600, batch=100) == 5
+    assert OutboxMessage.objects.count() == 1  # the fresh one, relayed less than an hour ago
+
+
+def test_a_second_relay_on_the_same_sqlite_database_stands_by_and_says_so(redis, relay, caplog):
+    first, second = relay(), relay(fresh=True)
+    assert first.tick() is False
+    with caplog.at_level("WARNING", logger="streams_app.outbox"):
+        publish("orders", {"n": 1}, outbox=True)
+        second.tick()
+        assert not redis.exists("orders")
+        assert "one relay runs at a time" in caplog.text
+        first.guard.release()  # the first one stops
+        second.tick()
+        assert "took over" in caplog.text
+    assert redis.xlen("orders") == 1
+    second.guard.release()
+
+
+def test_the_relay_publishes_the_backlog_gauges(redis, relay):
+    from prometheus_client import REGISTRY
+
+    publish("orders", {"n": 1}, outbox=True)
+    OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=90))
+    redis.set("orders", "x")
+    relay().tick()
+    assert REGISTRY.get_sample_value("shoal_outbox_rows", {"database": "default"}) == 1
+    assert REGISTRY.get_sample_value("shoal_outbox_failing_rows", {"database": "default"}) == 1
+    assert REGISTRY.get_sample_value("shoal_outbox_oldest_seconds", {"database": "default"}) >= 90
