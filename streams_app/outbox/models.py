@@ -23,6 +23,8 @@ class OutboxMessage(models.Model):
     class Meta:
         ordering = ["id"]
         verbose_name = "outbox message"
+        default_permissions = ("view", "delete")  # rows are written by publish(..., outbox=True) only
+        permissions = [("retry_outboxmessage", "Can make waiting outbox rows due at the next relay pass")]
         indexes = [
             # The relay's two queries read unrelayed rows only: keep them small however many are relayed.
             models.Index(fields=["id"], condition=models.Q(relayed_at__isnull=True), name="streams_outbox_waiting"),

@@ -18,6 +18,7 @@ def shoal_summary(context):
     config = get_settings()
     target = config["TARGET_LAG"]  # the supervisor's autoscaling target doubles as "lagging"
     groups = ConsumerGroup.objects.select_related("stream")
+    from streams_app.outbox.cleanup import backlog
     return {
         "show": True,
         "mirror": copied,
@@ -28,4 +29,5 @@ def shoal_summary(context):
         "dead": Stream.objects.filter(dead_letters__gt=0).order_by("-dead_letters")[:20],
         "stale_cap": mirror.STALE_PENDING_CAP,
         "groups": groups.count(),
+        "outbox": backlog(),  # rows not yet relayed to Redis (publish(..., outbox=True))
     }

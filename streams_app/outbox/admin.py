@@ -1,0 +1,59 @@
+"""The outbox in the control room: what waits, what keeps failing and why; retry now, or delete a row for good."""
+from django.contrib import admin, messages
+from django.utils.text import Truncator
+
+from streams_app.outbox import cleanup
+from streams_app.outbox.models import OutboxMessage
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("waiting", "waiting"), ("failing", "failing (refused at least once)"), ("relayed", "relayed")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "waiting":
+            return queryset.filter(relayed_at__isnull=True)
+        if self.value() == "failing":
+            return queryset.filter(relayed_at__isnull=True, attempts__gt=0)
+        if self.value() == "relayed":
+            return queryset.filter(relayed_at__isnull=False)
+        return queryset
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    list_display = ("id", "stream", "key", "created_at", "relayed_at", "entry_id", "attempts", "error", "next_attempt_at")
+    list_filter = (StateFilter, "stream")
+    search_fields = ("key", "stream", "entry_id")
+    readonly_fields = ("stream", "key", "fields", "maxlen", "created_at", "relayed_at", "entry_id", "attempts",
+                       "last_error", "next_attempt_at")
+    fields = readonly_fields
+    ordering = ("-id",)
+    actions = ["retry_now"]
+
+    def has_add_permission(self, request):
+        return False  # rows come from publish(..., outbox=True) in the writer's transaction, nowhere else
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="last error")
+    def error(self, obj):
+        return Truncator(obj.last_error).chars(120)
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("streams_app.retry_outboxmessage")
+
+    @admin.action(description="Retry the selected waiting rows at the next relay pass", permissions=["retry"])
+    def retry_now(self, request, queryset):
+        count = queryset.filter(relayed_at__isnull=True).update(next_attempt_at=None)
+        self.message_user(request, f"{count} waiting rows are due at the relay's next pass.", messages.SUCCESS)
+
+    def changelist_view(self, request, extra_context=None):
+        figures = cleanup.backlog()
+        title = (f"Outbox: {figures['rows']} rows waiting, the oldest {figures['age']:.0f} s old, "
+                 f"{figures['failing']} refused by Redis at least once")
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})

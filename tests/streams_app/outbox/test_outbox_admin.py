@@ -1,0 +1,51 @@
+"""The outbox in the control room: the backlog on the index, the rows that keep failing and why."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from streams_app import publish
+from streams_app.outbox.models import OutboxMessage
+from tests.streams_app.admin.fixtures import staff_client  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/streams_app/outboxmessage/"
+
+
+def refused(key):
+    publish("orders", {"n": 1}, key=key, outbox=True)
+    OutboxMessage.objects.filter(key=key).update(
+        attempts=3, last_error="Redis key 'orders' holds another type, not a stream (WRONGTYPE ...)",
+        next_attempt_at=timezone.now() + timedelta(seconds=4))
+
+
+def test_the_index_shows_the_outbox_backlog_and_links_to_the_failing_rows(staff_client, redis):
+    client = staff_client("streams_app.view_outboxmessage")
+    html = client.get("/admin/").content.decode()
+    assert "Outbox</th><td>\nnothing waiting" in html
+    publish("orders", {"n": 0}, key="fine", outbox=True)
+    refused("bad")
+    OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=120))
+    html = client.get("/admin/").content.decode()
+    summary = html[html.index('id="shoal-summary"'):]
+    assert "2 rows waiting</a>, the oldest 12" in summary
+    assert f'{CHANGELIST}?state=failing">1 refused by Redis</a>' in summary
+
+
+def test_the_changelist_says_why_rows_fail_and_retry_needs_its_permission(staff_client, redis):
+    refused("bad")
+    publish("orders", {"n": 0}, key="fine", outbox=True)
+    client = staff_client("streams_app.view_outboxmessage")
+    page = client.get(CHANGELIST + "?state=failing").content.decode()
+    assert "2 rows waiting" in page and "1 refused by Redis at least once" in page
+    assert "holds another type, not a stream" in page and ">bad<" in page and ">fine<" not in page
+    assert "retry_now" not in page  # no permission, no action
+    assert client.get(CHANGELIST + "add/").status_code == 403
+
+    client = staff_client("streams_app.view_outboxmessage", "streams_app.retry_outboxmessage")
+    row = OutboxMessage.objects.get(key="bad")
+    response = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)]})
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert row.next_attempt_at is None and row.attempts == 3  # due now; its history stays
