@@ -195,11 +195,10 @@ class Relay:
         from streams_app.outbox.models import OutboxMessage
 
         manager = OutboxMessage.objects.using(self.using)
+        connection = connections[self.using]
         with transaction.atomic(using=self.using):
-            for row, entry_id in done:
-                row.relayed_at, row.entry_id = now, to_text(entry_id)
             if done:
-                manager.bulk_update([row for row, _ in done], ["relayed_at", "entry_id"], batch_size=self.config["OUTBOX_BATCH"])
+                mark_relayed(connection, now, [(row.id, to_text(entry_id)) for row, entry_id in done])
             for row, exc in failed:
                 attempts = row.attempts + 1
                 error = describe(exc, row)
@@ -214,6 +213,26 @@ class Relay:
         if time.monotonic() - self._last_cleanup >= self.config["OUTBOX_SWEEP_INTERVAL"]:
             self._last_cleanup = time.monotonic()
             cleanup.delete_relayed(self.using, self.config["OUTBOX_RETENTION"], self.config["OUTBOX_BATCH"])
+
+
+def mark_relayed(connection, now, pairs):
+    """Set relayed_at and entry_id of the rows ``pairs`` (id, entry id) name, in one round trip.
+
+    Django's bulk_update (a CASE per row) cost the relay two thirds of its time; on PostgreSQL one
+    UPDATE joins two arrays, elsewhere (SQLite: no round trips) executemany does.
+    """
+    from streams_app.outbox.models import OutboxMessage
+
+    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    when = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"UPDATE {table} AS o SET relayed_at = %s, entry_id = d.entry_id "
+                           "FROM unnest(%s::bigint[], %s::text[]) AS d(id, entry_id) WHERE o.id = d.id",
+                           [when, [i for i, _ in pairs], [e for _, e in pairs]])
+        else:
+            cursor.executemany(f"UPDATE {table} SET relayed_at = %s, entry_id = %s WHERE id = %s",
+                               [(when, entry_id, row_id) for row_id, entry_id in pairs])
 
 
 def describe(exc, row):
