@@ -132,3 +132,20 @@ def test_with_redis_down_rows_accumulate_and_go_out_in_per_key_order_when_it_ret
     for relay in relays:
         relay.signal(signal.SIGTERM)
         assert relay.wait(60) == 0, relay.output()
+
+
+def test_runreclaimer_with_relay_relays_the_outbox_and_stops_cleanly(redis_server, redis, run, process_database):
+    daemon = run("runreclaimer", "--relay", "--interval", "1")
+    daemon.wait_for_output("Reclaimer: watching", timeout=60)
+    write_orders(process_database, redis_server, "r-1", "r-2:rollback", "r-3")
+    wait_for(lambda: redis.xlen(STREAM) == 2 and waiting_rows(process_database) == 0, timeout=60,
+             what="the committed orders relayed by the reclaimer's relay")
+    assert [o["order"] for o in stream_orders(redis)] == ["r-1", "r-3"]
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(60) == 0, daemon.output()
+
+
+def test_runrelay_says_what_is_wrong_with_its_database(run):
+    unknown = run("runrelay", "--database", "nosuch")
+    assert unknown.wait(60) == 3
+    assert "no database 'nosuch' in DATABASES" in unknown.output()
