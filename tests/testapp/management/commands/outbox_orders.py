@@ -1,8 +1,9 @@
 """Web-like writers for the outbox tests: each order is an Order row and an outbox publish in one transaction.
 
 ``outbox_orders NAME[:rollback] ...``: one transaction per name, in order; ``:rollback`` rolls that
-one back after the publish. Each message's payload carries the order name and ``seq``, the
-order's position among the messages of the same key (``--key``, default the name itself).
+one back after the publish. ``--count N --prefix P --rollback-every K``: N orders P0, P1, ... of
+which every K-th is rolled back (the chaos run). Each message's payload carries the order name and
+``seq``, the order's position among the messages of the same key (``--keys``, default the name itself).
 """
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -15,11 +16,16 @@ STREAM = "outbox-orders"
 
 class Command(BaseCommand):
     def add_arguments(self, parser):
-        parser.add_argument("orders", nargs="+")
+        parser.add_argument("orders", nargs="*")
         parser.add_argument("--keys", type=int, default=0,
                             help="Spread the orders over this many keys (k0, k1, ...) round robin; 0: key = name.")
+        parser.add_argument("--count", type=int, default=0)
+        parser.add_argument("--prefix", default="o")
+        parser.add_argument("--rollback-every", type=int, default=0)
 
-    def handle(self, *args, orders, keys, **options):
+    def handle(self, *args, orders, keys, count, prefix, rollback_every, **options):
+        every = rollback_every
+        orders = [*orders, *(f"{prefix}{n}{':rollback' if every and n % every == every - 1 else ''}" for n in range(count))]
         seq = {}
         for index, spec in enumerate(orders):
             name, _, fate = spec.partition(":")
