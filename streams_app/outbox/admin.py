@@ -1,5 +1,6 @@
 """The outbox in the control room: what waits, what keeps failing and why; retry now, or delete a row for good."""
 from django.contrib import admin, messages
+from django.http import Http404
 from django.utils.text import Truncator
 
 from streams_app.outbox import cleanup
@@ -33,6 +34,23 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     fields = readonly_fields
     ordering = ("-id",)
     actions = ["retry_now"]
+
+    # Django answers an id that is not one with a redirect to the index: every object URL here is a 404.
+    def _exists_or_404(self, request, object_id):
+        if not str(object_id).isdigit() or self.get_object(request, object_id) is None:
+            raise Http404(f"no outbox message {object_id} (relayed rows are deleted after OUTBOX_RETENTION)")
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        self._exists_or_404(request, object_id)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def history_view(self, request, object_id, extra_context=None):
+        self._exists_or_404(request, object_id)
+        return super().history_view(request, object_id, extra_context)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        self._exists_or_404(request, object_id)
+        return super().delete_view(request, object_id, extra_context)
 
     def has_add_permission(self, request):
         return False  # rows come from publish(..., outbox=True) in the writer's transaction, nowhere else
