@@ -97,7 +97,6 @@ class Relay:
         if self._standing_by:
             self._standing_by = False
             logger.warning("%s: took over %s; relaying", self.name, self.guard.description)
-        connections[self.using].close_if_unusable_or_obsolete()
         try:
             sent, claimed = self.relay_batch()
             self._cleanup()
@@ -111,6 +110,8 @@ class Relay:
             return False
         except DatabaseError as exc:
             logger.warning("%s: database error (%s); retrying at the next sweep", self.name, exc)
+            # A broken connection (database restarted) is replaced at the next pass, not reused forever.
+            connections[self.using].close_if_unusable_or_obsolete()
             return False
         if self.down_since is not None:
             logger.warning("%s: Redis reachable again after %.0fs; relaying the backlog", self.name,
