@@ -4,11 +4,13 @@ import signal
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 from django.db import DatabaseError, connections
 
-from shoal_common.cli import log_level, positive_int
+from shoal_common.cli import log_level, port
 
 from streams_app.checks import settings_errors
 from streams_app.consuming.worker import EXIT_CONFIG
 from streams_app.outbox.relay import Relay
+
+logger = logging.getLogger("streams_app.outbox")  # start and stop are log lines (LOG_FORMAT=json structures them)
 
 
 def check_outbox_table(using):
@@ -31,7 +33,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--database", default="default", help="The database whose outbox to relay (default 'default').")
         parser.add_argument("--once", action="store_true", help="Relay what is waiting, one batch at a time, and exit.")
-        parser.add_argument("--metrics-port", type=positive_int,
+        parser.add_argument("--metrics-port", type=port,
                             help="Serve the shoal_outbox_* Prometheus gauges on this port (default: not served).")
 
     def check(self, *args, **kwargs):
@@ -62,7 +64,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.stdout.write(f"Relay: relaying the outbox of database {database!r} to Redis")
+        logger.info("Relay: relaying the outbox of database %r to Redis", database)
         if once:
             while relay.tick():
                 pass
@@ -70,4 +72,4 @@ class Command(BaseCommand):
                 raise CommandError("Redis is unreachable: the outbox rows wait in the database", returncode=1)
         else:
             relay.run()
-        self.stdout.write(self.style.SUCCESS(f"Relay: stopped after relaying {relay.relayed} rows"))
+        logger.info("Relay: stopped after relaying %d rows", relay.relayed)
