@@ -38,7 +38,9 @@ def enqueue(stream, encoded, keys, maxlen, using):
     """Write one row per message (``encoded``: the fields from producer.encode_message); return the keys."""
     from streams_app.outbox.models import OutboxMessage
 
-    rows = [OutboxMessage(stream=stream, key=key, fields=fields, maxlen=maxlen) for key, fields in zip(keys, encoded)]
+    # The codec may write bytes (orjson: UTF-8); the row stores text, which XADD sends as the same bytes.
+    rows = [OutboxMessage(stream=stream, key=key, fields={name: _text(value) for name, value in fields.items()},
+                          maxlen=maxlen) for key, fields in zip(keys, encoded)]
     # savepoint=False: inside the caller's transaction this adds nothing; outside, it is the transaction.
     with transaction.atomic(using=using, savepoint=False):
         if len(rows) == 1:
@@ -47,6 +49,10 @@ def enqueue(stream, encoded, keys, maxlen, using):
             OutboxMessage.objects.using(using).bulk_create(rows, batch_size=500)
         transaction.on_commit(nudge, using=using)
     return keys
+
+
+def _text(value):
+    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 def nudge():
