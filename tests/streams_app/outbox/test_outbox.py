@@ -79,7 +79,7 @@ def test_publish_many_writes_every_row_or_none(redis, relay):
     with transaction.atomic():
         keys = publish_many("orders", [{"n": i} for i in range(3)], keys=["a", "b", None], outbox=True)
     assert keys[:2] == ["a", "b"] and keys[2].startswith("outbox-")
-    with pytest.raises(PublishError, match="message 1: payload is not JSON-serialisable"):
+    with pytest.raises(PublishError, match=r"message 1: .*not JSON-serialisable"):
         publish_many("orders", [{"n": 1}, {"n": object()}], outbox=True)
     assert OutboxMessage.objects.count() == 3
     relay().tick()
