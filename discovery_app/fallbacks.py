@@ -18,7 +18,10 @@ def parse_fallback(url):
     """(scheme, host, port, base path) of a fallback URL, or InvalidFallback saying what is wrong."""
     if not isinstance(url, str):
         raise InvalidFallback(f"{url!r} is not a URL string")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. "http://[::1:80": an unclosed IPv6 bracket
+        raise InvalidFallback(f"{url!r} is not a URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidFallback(f"{url!r} is not an http(s)://host[:port][/path] URL")
     if parts.username is not None or parts.password is not None:

@@ -15,6 +15,7 @@ process, as if nothing had been installed. A signal the application ignores is l
 """
 import atexit
 import logging
+import math
 import os
 import select
 import signal
@@ -44,6 +45,8 @@ class Registrar:
         self.interval = float(config["HEARTBEAT_INTERVAL"] if interval is None else interval)
         self.ttl = ttl
         effective_ttl = float(config["TTL"] if ttl is None else ttl)
+        if not math.isfinite(effective_ttl):
+            raise InvalidRegistration(f"the TTL ({effective_ttl:g} s) must be a finite number of seconds")
         if not 0 < self.interval < effective_ttl:
             raise InvalidRegistration(f"the heartbeat interval ({self.interval:g} s) must be positive and below the "
                                       f"TTL ({effective_ttl:g} s), or the instance expires between heartbeats")
@@ -134,6 +137,15 @@ class Registrar:
         # Record, wake the thread, chain. No logging, no Redis: this runs between two bytecodes of
         # whatever the main thread was doing.
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if os.getpid() != self._pid:
+            # A forked child inherited this handler but not the Registrar's thread (nor its record):
+            # act as if it had never been installed, or the child would ignore TERM for good.
+            if previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            elif callable(previous):
+                previous(signum, frame)
+            return
         if self._signalled is None:
             self._signalled = signum
             self._wake()

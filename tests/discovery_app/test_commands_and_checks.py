@@ -64,6 +64,7 @@ def test_checks_accept_the_defaults_and_a_sensible_config(settings):
     ({"FALLBACKS": {"orders": ["ftp://x"]}}, ["discovery_app.E005"]),
     ({"FALLBACKS": {"orders": ["http://x:99999"]}}, ["discovery_app.E005"]),
     ({"FALLBACKS": {"orders": ["http://x:80a"]}}, ["discovery_app.E005"]),
+    ({"FALLBACKS": {"orders": ["http://[::1:80"]}}, ["discovery_app.E005"]),  # unclosed IPv6 bracket
     ({"FALLBACKS": {"orders": ["http://user:secret@x:80"]}}, ["discovery_app.E005"]),
     ({"RETRY_READ_TIMEOUTS": "no"}, ["discovery_app.E010"]),
     ({"HTTP_DEADLINE": -1}, ["discovery_app.E010"]),
