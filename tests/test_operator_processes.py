@@ -108,6 +108,25 @@ def test_db_guard_with_the_savepoint_rule_commits_every_message(redis, run, proc
     assert redis.xlen(keys.dead_letter_key("dbsavepoint")) == 0
 
 
+def test_db_guard_never_acks_a_transaction_postgresql_aborted(redis, run_consumer, postgres_database):
+    """A failed raw SELECT, or an ORM read, caught with no savepoint: PostgreSQL aborts the transaction
+    (InFailedSqlTransaction) and COMMIT silently rolls back, though Django never marked it for rollback.
+    The entries must fail and end in the dead letters, not be acked with nothing committed."""
+    for n, orm in enumerate((False, True, False, True)):
+        redis.xadd("dbaborted", {"payload": json.dumps({"name": f"order-{n}", "orm": orm}), "key": f"order-{n}"})
+    worker = run_consumer("dbaborted:d", streams=FAST, env={"DATABASE_URL": postgres_database.url})
+    wait_for(lambda: (redis.xinfo_groups("dbaborted") or [{}])[0].get("entries-read") == 4
+             and redis.xpending("dbaborted", "d")["pending"] == 0, timeout=120, what="every entry acked or dead-lettered")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output()
+    assert postgres_database.rows("SELECT name FROM testapp_effect") == []
+    assert postgres_database.rows("SELECT key FROM streams_app_processedmessage") == []
+    letters = [f for _, f in redis.xrange(keys.dead_letter_key("dbaborted"))]
+    assert sorted(json.loads(f["payload"])["name"] for f in letters) == [f"order-{n}" for n in range(4)]
+    assert all(f["error"].startswith("TransactionRolledBack:") and "aborted" in f["error"]
+               for f in letters), letters[0]["error"]
+
+
 def test_publish_whose_connection_is_killed_mid_batch_names_the_lines_in_doubt(redis, redis_server):
     """CLIENT PAUSE holds the first batch's MULTI/EXEC; CLIENT KILL then cuts the connection under it.
     The command must not claim "nothing was published": it names the batch that may have been stored."""

@@ -20,6 +20,10 @@ The savepoint rule: a database error caught inside the handler without a savepoi
 rollback, and Django silently rolls everything back when the block ends. The guard checks for that
 after the handler returns and fails the message instead of acking work that was never committed;
 the handler must put the statement that may fail in its own ``with transaction.atomic():``.
+PostgreSQL adds a case Django does not mark: a failed raw-cursor statement or ORM read caught
+without a savepoint leaves the transaction aborted (InFailedSqlTransaction) and COMMIT then rolls
+back without an error. The guard asks the driver for the transaction status, a local read with no
+round trip, and fails the message the same way.
 """
 import hashlib
 
@@ -45,6 +49,30 @@ ROLLED_BACK = ("the handler returned, but its database transaction was marked fo
                "handler (e.g. IntegrityError in try/except) with no savepoint around the statement that failed. "
                "Wrap that statement in its own `with transaction.atomic():` inside the try, as Django documents "
                "(idempotent=\"db\" runs the handler in one transaction).")
+ABORTED = ("the handler returned, but PostgreSQL had aborted its database transaction, so nothing it wrote "
+           "was committed (COMMIT rolls an aborted transaction back) and the message is not acknowledged. "
+           "A database error (from a raw cursor, or an ORM read) was caught inside the handler with no "
+           "savepoint around the statement that failed. Wrap that statement in its own "
+           "`with transaction.atomic():` inside the try, as Django documents "
+           "(idempotent=\"db\" runs the handler in one transaction).")
+
+
+def transaction_aborted(connection):
+    """True when the server has aborted the open transaction (PostgreSQL's "in failed transaction")."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    if info is not None and hasattr(info, "transaction_status"):  # psycopg 3
+        from psycopg.pq import TransactionStatus
+
+        return info.transaction_status == TransactionStatus.INERROR
+    get_status = getattr(raw, "get_transaction_status", None)  # psycopg2
+    if get_status is not None:
+        from psycopg2.extensions import TRANSACTION_STATUS_INERROR
+
+        return get_status() == TRANSACTION_STATUS_INERROR
+    return False
 
 
 def message_key(message):
@@ -139,6 +167,8 @@ class DbGuard:
             if transaction.get_rollback():
                 # Leaving the block would roll back silently and we would ack: zero times, not once.
                 raise TransactionRolledBack(ROLLED_BACK)
+            if transaction_aborted(transaction.get_connection()):
+                raise TransactionRolledBack(ABORTED)
         return True
 
     def end(self, succeeded, failed):

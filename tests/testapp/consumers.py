@@ -106,6 +106,26 @@ def inserts_a_shared_tag_in_a_savepoint(message):
         pass
 
 
+@consumer("dbaborted", group="d", idempotent="db", max_deliveries=2, retry_backoff=(0.05, 0.1))
+def catches_a_failed_statement(message):
+    """Catches a failed raw SELECT (or ORM read) with no savepoint: on PostgreSQL the transaction is
+    aborted (InFailedSqlTransaction) without Django's needs_rollback, and COMMIT silently rolls back."""
+    from django.db import connection
+    from django.db.models.expressions import RawSQL
+
+    from tests.testapp.models import Effect
+
+    Effect.objects.create(name=message.payload["name"], entry_id=message.id)
+    try:
+        if message.payload.get("orm"):
+            list(Effect.objects.annotate(x=RawSQL("1 / (id - id)", [])))
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_table")
+    except Exception:
+        pass
+
+
 class CallableHandler:
     """A handler that is an object with __call__, not a function (handler shapes, issue 22)."""
 
