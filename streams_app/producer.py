@@ -33,20 +33,43 @@ def _utf8_size(text, what):
                            f"at position {exc.start}, which UTF-8 cannot encode") from None
 
 
-def encode_message(payload, *, key=None, headers=None, codec=None):
-    """The fields of one entry. Raises PublishError for input that cannot be a message.
+def _to_json(value, what):  # what: "headers are"
+    """Compact JSON text of ``value``; PublishError for what JSON cannot hold (NaN, Infinity, objects)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise PublishError(f"{what} not JSON-serialisable: {exc}") from None
+        # Python's json writes them as bare NaN/Infinity, which no JSON parser of a consumer accepts.
+        raise PublishError(f"{what} not JSON-serialisable: it holds NaN or Infinity (a number "
+                           "such as 1e999 reads as Infinity), which JSON cannot represent") from None
+    except TypeError as exc:
+        raise PublishError(f"{what} not JSON-serialisable: {exc}") from None
 
-    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
-    """
+
+def encode_payload(payload, codec=None):
+    """(payload bytes, ``payload_types`` text or None, size in bytes) of ``payload``; PublishError for what
+    cannot be one (not JSON, NaN/Infinity, a lone surrogate, over MAX_PAYLOAD_BYTES). Publish and replay share it."""
     body, types = codecs.encode(payload, codec)
     limit = setting("MAX_PAYLOAD_BYTES")
     size = len(body)  # bytes already: the size is exact
     if size > limit:
         raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
+    if types is not None:
+        size += _utf8_size(types, "payload types")
+    return body, types, size
+
+
+def encode_message(payload, *, key=None, headers=None, codec=None):
+    """The fields of one entry. Raises PublishError for input that cannot be a message.
+
+    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
+    """
+    body, types, size = encode_payload(payload, codec)
+    limit = setting("MAX_PAYLOAD_BYTES")
     fields = {"payload": body, "published_at": str(int(time.time() * 1000))}
     if types is not None:
         fields[codecs.TYPES_FIELD] = types
-        size += _utf8_size(types, "payload types")
     if key is not None:
         if not isinstance(key, str) or not key:
             raise PublishError(f"key must be a non-empty string, not {key!r}")
@@ -55,10 +78,7 @@ def encode_message(payload, *, key=None, headers=None, codec=None):
     if headers:
         if not isinstance(headers, dict):
             raise PublishError(f"headers must be a dict, not {type(headers).__name__}")
-        try:
-            fields["headers"] = json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            raise PublishError(f"headers are not JSON-serialisable: {exc}") from None
+        fields["headers"] = _to_json(headers, "headers are")
         size += _utf8_size(fields["headers"], "headers")
     if size > limit:
         # The limit protects Redis and every consumer's memory: key and headers count as much as the payload.

@@ -69,6 +69,44 @@ def test_a_lone_surrogate_in_the_admins_edited_replay_is_a_form_error(staff_clie
     assert redis.xlen("{jobs}:dlq") == 1
 
 
+# -- a replay override obeys publish's rules (findings 5 and 10) ------------------------------------
+
+def test_a_replay_override_obeys_max_payload_bytes_and_refuses_nan(redis, settings):
+    settings.STREAMS = {**settings.STREAMS, "MAX_PAYLOAD_BYTES": 1000}
+    [letter] = dead_letter(redis, [{"n": 1}])
+    before = redis.xlen("jobs")
+    for override, why in [({"s": "x" * 2000}, r"over the limit of 1000"), ({"x": float("nan")}, "NaN or Infinity"),
+                          (float("inf"), "NaN or Infinity")]:
+        with pytest.raises(ReplayError, match=why):
+            replay("jobs", "a", ids=[letter], payload_override=override)
+    for text, why in [(json.dumps({"s": "x" * 2000}), "over the limit of 1000"), ('{"x": NaN}', "NaN or Infinity"),
+                      ("1e999", "NaN or Infinity")]:
+        with pytest.raises(CommandError, match=why):
+            call_command("replay", "jobs", "--group", "a", "--id", letter, "--payload", text)
+    assert redis.xlen("{jobs}:dlq") == 1 and redis.xlen("jobs") == before
+    replay("jobs", "a", ids=[letter], payload_override={"s": "x" * 900})  # under the limit: replayed
+    assert redis.xlen("jobs") == before + 1
+
+
+def test_the_admins_edited_replay_form_refuses_what_publish_refuses_before_the_confirmation(staff_client, redis, settings):
+    from streams_app.admin import mirror
+    from streams_app.models import DeadLetter
+
+    settings.STREAMS = {**settings.STREAMS, "MAX_PAYLOAD_BYTES": 1000}
+    [letter] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=letter).pk
+    before = redis.xlen("jobs")
+    client = staff_client("streams_app.replay_deadletter")
+    for text, why in [('{"x": NaN}', "NaN"), ("1e999", "Infinity"), (json.dumps({"s": "x" * 2000}), "over the limit of 1000")]:
+        for post in ({"payload": text}, {"payload": text, "post": "yes"}):  # the form, and a forged confirmation
+            response = client.post(f"/admin/streams_app/deadletter/{pk}/replay/", post)
+            body = response.content.decode()
+            assert response.status_code == 400, body[:2000]
+            assert "This cannot be replayed" in body and why in body
+    assert redis.xlen("{jobs}:dlq") == 1 and redis.xlen("jobs") == before
+
+
 # -- the whole entry is bounded ---------------------------------------------------------------------
 
 def test_max_payload_bytes_bounds_key_and_headers_too(redis, settings):

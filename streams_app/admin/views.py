@@ -24,7 +24,8 @@ from streams_app.admin import mirror
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from streams_app.exceptions import ReplayError
+from streams_app.exceptions import PublishError, ReplayError
+from streams_app.producer import encode_payload
 from shoal_common.redis_errors import is_missing
 from shoal_common.text import to_text
 from streams_app.codec import apply_types
@@ -253,16 +254,21 @@ def _edited_payload(text, types_text):
                       "which cannot be stored. Remove it or use a real character.")
     except ValueError as exc:
         return None, f"This is not valid JSON: {exc}"
-    if not types_text.strip():
-        return payload, ""
+    if types_text.strip():
+        try:
+            types = json.loads(types_text)
+        except ValueError as exc:
+            return None, f"The types are not valid JSON: {exc}"
+        try:
+            payload = apply_types(payload, types)
+        except ValueError as exc:
+            return None, f"The types do not fit the payload: {exc}. Fix or remove that line of the types."
     try:
-        types = json.loads(types_text)
-    except ValueError as exc:
-        return None, f"The types are not valid JSON: {exc}"
-    try:
-        return apply_types(payload, types), ""
-    except ValueError as exc:
-        return None, f"The types do not fit the payload: {exc}. Fix or remove that line of the types."
+        # Publish's own rules (NaN/Infinity, lone surrogates, MAX_PAYLOAD_BYTES), before the confirmation.
+        encode_payload(payload)
+    except PublishError as exc:
+        return None, f"This cannot be replayed: {exc}. Nothing was replayed."
+    return payload, ""
 
 
 def _do_replay_edited(model_admin, request, letter, payload, changelist):

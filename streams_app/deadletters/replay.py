@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from streams_app import codec, keys, scripts
+from streams_app import keys, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters.store import DeadLetter, get_dead_letters
 from streams_app.message import decode_fields
@@ -20,7 +20,7 @@ from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming.groups import group_exists, key_type
 from streams_app.entry_ids import is_entry_id
-from streams_app.producer import validate_stream_name
+from streams_app.producer import encode_payload, validate_stream_name
 
 REPLAY_BATCH = 200
 
@@ -51,9 +51,10 @@ def _override_text(payload_override):
     if payload_override is JSON_NULL:
         return "null", ""
     try:
-        body, types = codec.encode(payload_override)
+        # The same rules as publish (MAX_PAYLOAD_BYTES included): a replayed entry is a new entry of the stream.
+        body, types, _ = encode_payload(payload_override)
     except PublishError as exc:
-        raise ReplayError(f"the payload override is not usable: {exc}") from None
+        raise ReplayError(f"the payload override cannot be replayed: {exc}; nothing was replayed") from None
     return body, types or ""
 
 
