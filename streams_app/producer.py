@@ -21,6 +21,7 @@ def validate_stream_name(stream):
     if "{" in stream or "}" in stream:
         # Shoal wraps the name in {} to pin its keys to one cluster slot; braces inside would break that.
         raise PublishError(f"stream name {stream!r} must not contain '{{' or '}}'")
+    _utf8_size(stream, "stream name")  # a Redis key is bytes: a lone surrogate has none
     return stream
 
 

@@ -69,6 +69,23 @@ def test_a_lone_surrogate_in_the_admins_edited_replay_is_a_form_error(staff_clie
     assert redis.xlen("{jobs}:dlq") == 1
 
 
+def test_nan_and_infinity_in_headers_and_a_lone_surrogate_stream_name_are_publish_errors(redis):
+    for headers in ({"h": float("nan")}, {"h": [float("inf")]}, {"h": float("-inf")}):
+        with pytest.raises(PublishError, match="headers are not JSON-serialisable: it holds NaN or Infinity"):
+            publish("jobs", {"n": 1}, headers=headers)
+        with pytest.raises(PublishError, match="message 0: headers are not JSON-serialisable"):
+            publish_many("jobs", [{"n": 1}], headers=headers)
+    for text in ('{"h": NaN}', '{"h": Infinity}', '{"h": 1e999}'):
+        with pytest.raises(CommandError, match="nothing was published: headers .*NaN or Infinity"):
+            call_command("publish", "jobs", '{"a": 1}', "--headers", text)
+    for call in (lambda: publish(LONE, {}), lambda: publish_many("a" + LONE, [{}]), lambda: replay(LONE, "a", all=True)):
+        with pytest.raises((PublishError, ReplayError), match="stream name is not valid Unicode"):
+            call()
+    with pytest.raises(CommandError, match="stream name is not valid Unicode"):
+        call_command("publish", LONE, '{"a": 1}')
+    assert snapshot(redis) == {}
+
+
 # -- a replay override obeys publish's rules (findings 5 and 10) ------------------------------------
 
 def test_a_replay_override_obeys_max_payload_bytes_and_refuses_nan(redis, settings):
