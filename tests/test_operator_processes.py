@@ -4,6 +4,7 @@
 migrated database of each engine (tests/databases.py; PostgreSQL tests skip when none answers).
 """
 import json
+import os
 import signal
 
 import pytest
@@ -125,6 +126,43 @@ def test_db_guard_never_acks_a_transaction_postgresql_aborted(redis, run_consume
     assert sorted(json.loads(f["payload"])["name"] for f in letters) == [f"order-{n}" for n in range(4)]
     assert all(f["error"].startswith("TransactionRolledBack:") and "aborted" in f["error"]
                for f in letters), letters[0]["error"]
+
+
+ADMIN_PROBE = """
+import json, os
+from django.contrib.auth.models import User
+from django.test import Client
+from streams_app.admin import mirror
+mirror.sync_all()
+User.objects.create_superuser("probe", "probe@example.com", "pw")
+client = Client(HTTP_HOST="localhost")
+client.force_login(User.objects.get(username="probe"))
+responses = {url: client.get(url) for url in json.loads(os.environ["PROBE_URLS"])}
+print(json.dumps({url: [r.status_code, os.environ["PROBE_FIND"] in r.content.decode()] for url, r in responses.items()}))
+"""
+
+
+def test_admin_dead_letter_filters_holding_nul_do_not_fail_on_postgresql(redis_server, postgres_database):
+    """PostgreSQL text cannot hold NUL: a filter value with one used to reach the query (DataError, 500).
+    The mirror stores NUL as the text \\x00, so the filter looks for that and finds the letter."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    raw = redis.Redis(port=redis_server.port)
+    letter = raw.xadd("{jobs}:dlq", {"payload": b'{"n": 1}', "group": b"a\x00b", "error": b"Boom\x00: x"}).decode()
+    urls = ["/admin/streams_app/deadletter/?stream=%00", "/admin/streams_app/deadletter/?group=a%00",
+            "/admin/streams_app/deadletter/?error_type=%00", "/admin/streams_app/deadletter/?group=a%00b"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url,
+           "DATABASE_URL": postgres_database.url, "PROBE_URLS": json.dumps(urls),
+           "PROBE_FIND": letter}
+    probe = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", ADMIN_PROBE],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert json.loads(probe.stdout.strip().splitlines()[-1]) == {
+        **{url: [200, False] for url in urls[:3]}, urls[3]: [200, True]}, probe.stderr[-3000:]  # a%00b finds it
+    assert postgres_database.rows("SELECT \"group\" FROM streams_app_deadletter") == [("a\\x00b",)]
 
 
 def test_publish_whose_connection_is_killed_mid_batch_names_the_lines_in_doubt(redis, redis_server):

@@ -123,6 +123,12 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
 
 
+def as_stored(value):
+    """A filter value as the mirror stores text: NUL as the four characters \\x00 (PostgreSQL text
+    cannot hold NUL; the query would fail with DataError), so ?group=a%00b finds group "a\\x00b"."""
+    return value.replace("\x00", "\\x00")
+
+
 class ErrorTypeFilter(admin.SimpleListFilter):
     title = "error type"
     parameter_name = "error_type"
@@ -132,7 +138,7 @@ class ErrorTypeFilter(admin.SimpleListFilter):
         return [(t, t) for t in types[:50]]
 
     def queryset(self, request, queryset):
-        return queryset.filter(error_type=self.value()) if self.value() else queryset
+        return queryset.filter(error_type=as_stored(self.value())) if self.value() else queryset
 
 
 class ValueFilter(admin.SimpleListFilter):
@@ -145,7 +151,7 @@ class ValueFilter(admin.SimpleListFilter):
         return [(v, v) for v in values[:100]]
 
     def queryset(self, request, queryset):
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+        return queryset.filter(**{self.field: as_stored(self.value())}) if self.value() else queryset
 
 
 class StreamFilter(ValueFilter):
