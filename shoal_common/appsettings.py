@@ -38,14 +38,31 @@ def namespaced_settings(name, defaults):
 class Kind:
     name: str  # as the docs and the check's message say it
     accepts: object = None  # value -> bool; None: a check of the app's own validates it
+    most: object = None  # the largest value the code and Redis can take (a huge finite value must fail check)
+    why: str = ""  # what the bound protects, for the check's message
 
 
 def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-POSITIVE_INT = Kind("positive integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)
-POSITIVE_NUMBER = Kind("positive number", lambda v: _number(v) and v > 0)
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# Bounds: seconds reach time.sleep / datetime / Redis expiries (EX is turned into milliseconds in a
+# 64-bit integer; Python's clocks count nanoseconds in one), so ~31 years is the most a duration may be;
+# counts stay exact as floats and far inside Redis' 64-bit integers.
+MOST_SECONDS = 10**9
+MOST_MILLISECONDS = MOST_SECONDS * 1000
+MOST_COUNT = 2**53
+_SECONDS_WHY = "about 31 years; longer cannot be slept, stored as a timestamp or sent to Redis as an expiry"
+
+POSITIVE_INT = Kind("positive integer", _positive_int, MOST_COUNT, "the largest integer exact in a float")
+POSITIVE_NUMBER = Kind("positive number", lambda v: _number(v) and v > 0, MOST_SECONDS, _SECONDS_WHY)
+# Integers that are durations: the same names in the docs, the duration bounds above.
+SECONDS_INT = Kind("positive integer", _positive_int, MOST_SECONDS, _SECONDS_WHY)
+MILLISECONDS_INT = Kind("positive integer", _positive_int, MOST_MILLISECONDS, _SECONDS_WHY)
 NON_EMPTY_STRING = Kind("non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
 BOOLEAN = Kind("boolean", lambda v: isinstance(v, bool))
 
@@ -70,9 +87,15 @@ def kind_errors(namespace, table, merged, app_label):
     errors = []
     for s in table:
         value = merged.get(s.name, s.default)
-        if s.kind.accepts is not None and not s.kind.accepts(value):
+        if s.kind.accepts is None:
+            continue
+        hint = f"Default: {s.default!r}. {first_sentence(s.doc)}"
+        if not s.kind.accepts(value):
             errors.append(Error(f"{namespace}[{s.name!r}] must be a {s.kind.name}, not {value!r}.",
-                                hint=f"Default: {s.default!r}. {first_sentence(s.doc)}", id=f"{app_label}.{s.check_id}"))
+                                hint=hint, id=f"{app_label}.{s.check_id}"))
+        elif s.kind.most is not None and value > s.kind.most:
+            errors.append(Error(f"{namespace}[{s.name!r}] must be at most {s.kind.most:,} ({s.kind.why}), not {value!r}.",
+                                hint=hint, id=f"{app_label}.{s.check_id}"))
     return errors
 
 

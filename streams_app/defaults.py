@@ -5,7 +5,8 @@ check each key against its kind; docs/settings.md shows the table (``python -m p
 writes it, and a test fails when the docs drift). Add a key here, and only here.
 """
 
-from shoal_common.appsettings import NON_EMPTY_STRING, POSITIVE_INT, POSITIVE_NUMBER, Kind, Setting, defaults_of
+from shoal_common.appsettings import (MILLISECONDS_INT, NON_EMPTY_STRING, POSITIVE_INT, POSITIVE_NUMBER, SECONDS_INT, Kind,
+                                     Setting, defaults_of)
 
 CACHE_ALIAS = Kind("django-redis cache alias")  # checked against CACHES by streams_app.E004 / E005
 CODEC_NAME = Kind("codec name: 'json' or 'orjson'")  # checked by streams_app.E030 (orjson must be installed)
@@ -16,16 +17,16 @@ SETTINGS = (
     Setting("BATCH_SIZE", 500, POSITIVE_INT,
             "The most entries one XREADGROUP / XAUTOCLAIM asks for. Reads are also capped by free handler "
             "slots (two chunks per thread), so slow handlers get small reads: a large value costs nothing there."),
-    Setting("BLOCK_MS", 2000, POSITIVE_INT,
+    Setting("BLOCK_MS", 2000, MILLISECONDS_INT,
             "How long an idle XREADGROUP blocks waiting for new entries. Must be below the Redis socket timeout."),
     Setting("THREADS", 4, POSITIVE_INT,
             "Handler threads per worker process (``runconsumer --threads``)."),
     Setting("ASYNC_CONCURRENCY", 100, POSITIVE_INT,
             "The most ``async def`` handlers one worker process awaits at once (``runconsumer --concurrency``). "
             "They share one event loop; sync handlers are bounded by THREADS instead."),
-    Setting("PENDING_TIMEOUT_MS", 30_000, POSITIVE_INT,
+    Setting("PENDING_TIMEOUT_MS", 30_000, MILLISECONDS_INT,
             "An entry unacknowledged for this long is taken to be abandoned and may be claimed by a live consumer."),
-    Setting("CLAIM_INTERVAL_MS", 10_000, POSITIVE_INT,
+    Setting("CLAIM_INTERVAL_MS", 10_000, MILLISECONDS_INT,
             "How often a consumer looks for abandoned entries (XAUTOCLAIM) and for its own failed ones."),
     Setting("SHUTDOWN_TIMEOUT", 30.0, POSITIVE_NUMBER,
             "Seconds in-flight handlers get to finish after SIGTERM/SIGINT before the worker exits anyway."),
@@ -49,10 +50,10 @@ SETTINGS = (
     Setting("RETRY_BACKOFF_MAX", 300.0, POSITIVE_NUMBER,
             "Ceiling, in seconds, of the retry back-off. Takeover of an abandoned entry waits for the larger of "
             "this back-off and PENDING_TIMEOUT_MS, so a message that keeps killing its worker is not retried in a hot loop."),
-    Setting("ERROR_TTL", 7 * 24 * 3600, POSITIVE_INT,
+    Setting("ERROR_TTL", 7 * 24 * 3600, SECONDS_INT,
             "Seconds the last error of a pending entry is kept (``{stream}:error:<group>:<id>``), so that the "
             "dead-letter entry can say why even when the reclaim daemon moves it."),
-    Setting("IDEMPOTENCY_TTL", 7 * 24 * 3600, POSITIVE_INT,
+    Setting("IDEMPOTENCY_TTL", 7 * 24 * 3600, SECONDS_INT,
             "Seconds a processed key is remembered: the Redis guard's TTL, and the age after which the "
             "reclaim daemon deletes ProcessedMessage rows."),
     Setting("RECLAIM_INTERVAL", 10.0, POSITIVE_NUMBER,
@@ -61,7 +62,7 @@ SETTINGS = (
             "Seconds a consumer with no pending entries may stay idle before the reclaim daemon removes it."),
     Setting("SNAPSHOT_INTERVAL", 60.0, POSITIVE_NUMBER,
             "Seconds between two rows of GroupSnapshot (lag, pending, consumers, dead letters) per group."),
-    Setting("SNAPSHOT_RETENTION", 7 * 24 * 3600, POSITIVE_INT,
+    Setting("SNAPSHOT_RETENTION", 7 * 24 * 3600, SECONDS_INT,
             "Seconds GroupSnapshot rows are kept for the admin charts before the reclaim daemon prunes them."),
     Setting("BROADCAST_CHANNEL", "shoal:broadcast", NON_EMPTY_STRING,
             "The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each.", check_id="E020"),
