@@ -138,8 +138,11 @@ class Reclaimer:
     def _skip(self, name, stream, exc, report):
         """A group (or stream) Redis refuses, e.g. its key holds a string: skipped, logged once, reported."""
         if is_wrongtype(exc):
-            problem = (f"{name}: Redis key {stream!r} holds a {key_type(self.conn, stream)}, not a stream; "
-                       "skipped (Shoal leaves the key as it is)")
+            # The stream or its dead-letter key: name the one that is not a stream, not the other.
+            kinds = {key: key_type(self.conn, key) for key in (stream, keys.dead_letter_key(stream))}
+            wrong = [f"Redis key {key!r} holds a {kind}" for key, kind in kinds.items() if kind not in ("stream", "none")]
+            problem = (f"{name}: {' and '.join(wrong or [f'Redis key {stream!r} holds a {kinds[stream]}'])}, not a "
+                       "stream; skipped (Shoal leaves the key as it is)")
         else:
             problem = f"{name}: {type(exc).__name__}: {exc}; skipped until the next pass"
         report.errors.append(problem)
@@ -275,7 +278,7 @@ class Reclaimer:
             try:
                 infos, dlq_length = pipe.execute()
             except redis.ResponseError as exc:
-                self._skip(f"snapshots of {stream}", keys.dead_letter_key(stream), exc, report)
+                self._skip(f"snapshots of {stream}", stream, exc, report)
                 continue
             for info in infos:
                 name = _str(info["name"])

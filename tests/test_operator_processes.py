@@ -72,6 +72,32 @@ def test_reclaimer_skips_a_stream_key_of_another_type_audits_the_rest_and_says_s
     assert "holds a string, not a stream" in problem
 
 
+def test_a_dead_letter_key_of_another_type_stops_the_start_with_exit_3(redis, run_consumer):
+    redis.set("{failing}:dlq", "precious")
+    worker = run_consumer("failing:g", streams=FAST)
+    assert worker.wait(120) == 3, worker.output()
+    out = worker.output()
+    assert "Redis key '{failing}:dlq' (the dead letters of 'failing') holds a string, not a stream" in out, out
+    assert "Traceback" not in out and redis.get("{failing}:dlq") == "precious"
+
+
+def test_reclaimer_names_the_dead_letter_key_of_another_type(redis, run):
+    redis.set("{failing}:dlq", "precious")
+    entry = redis.xadd("failing", {"payload": json.dumps({"n": 1})})
+    redis.xgroup_create("failing", "g", id="0")
+    redis.xreadgroup("g", "gone-consumer", {"failing": ">"})
+    redis.xclaim("failing", "g", "gone-consumer", 0, [entry], retrycount=4)  # at max_deliveries=4
+    wait_for(lambda: redis.xpending_range("failing", "g", "-", "+", 1, idle=FAST["PENDING_TIMEOUT_MS"]),
+             timeout=10, what="the entry idle past the pending timeout")
+    daemon = run("runreclaimer", "--once", streams=FAST)
+    assert daemon.wait(120) == 1, daemon.output()
+    out = daemon.output()
+    assert "Redis key '{failing}:dlq' holds a string, not a stream" in out, out
+    assert "Redis key 'failing' holds" not in out and "Traceback" not in out
+    assert redis.get("{failing}:dlq") == "precious"
+    assert redis.xpending("failing", "g")["pending"] == 1  # still pending: nothing lost
+
+
 def test_runreclaimer_once_exits_non_zero_when_redis_is_unreachable(run):
     daemon = run("runreclaimer", "--once", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
     assert daemon.wait(120) == 1, daemon.output()

@@ -3,6 +3,7 @@ import redis
 
 from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
 from shoal_common.text import to_text
+from streams_app import keys
 from streams_app.exceptions import StreamTypeError
 
 
@@ -29,6 +30,15 @@ def ensure_group(conn, stream, group, start="0"):
                 f"the key yourself."
             ) from None
         raise
+    # Failures end in the dead-letter key: of another type, the first dead-lettering would crash the
+    # read loop long after the start. Found here, the start fails as for the stream key (exit 3).
+    dead_letters = keys.dead_letter_key(stream)
+    kind = key_type(conn, dead_letters)
+    if kind not in ("stream", "none"):
+        raise StreamTypeError(
+            f"Redis key {dead_letters!r} (the dead letters of {stream!r}) holds a {kind}, not a stream, so group "
+            f"{group!r} could not dead-letter its failures. Shoal has left the key as it is: remove or rename it yourself."
+        )
     return True
 
 
