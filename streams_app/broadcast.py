@@ -51,9 +51,16 @@ def encode(type, data=None):
         "sent_at": int(time.time() * 1000),
     }
     try:
-        return json.dumps(envelope, separators=(",", ":"), allow_nan=False)
+        body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise BroadcastError(f"broadcast data is not JSON-serialisable: {exc}") from None
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Escaped as \\ud800 it would be sent, and every receiver would fail on it (a reply key, a name).
+        raise BroadcastError(f"broadcast data is not valid Unicode: it holds a lone surrogate "
+                             f"{body[exc.start]!r}, which UTF-8 cannot encode") from None
+    return body
 
 
 def _object(type, data, required=False):
@@ -71,12 +78,16 @@ def _optional_text(type, data, key):
         raise BroadcastError(f"{type}: {key} must be a non-empty string, not {value!r}")
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _check_log_level(data):
     if data is None:
         raise BroadcastError(f"log_level needs data, e.g. {EXAMPLES['log_level']}")
     data = _object("log_level", data)
     level = data.get("level")
-    if not isinstance(level, str) or not isinstance(logging.getLevelName(level.upper()), int):
+    # NOTSET is a number to logging but would make a logger defer to its parent, not set a level.
+    if not isinstance(level, str) or level.upper() not in LEVELS:
         raise BroadcastError(f"log_level: {level!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
     _optional_text("log_level", data, "logger")
 

@@ -258,6 +258,7 @@ def test_admin_replay_with_an_edited_payload_of_null_republishes_null(staff_clie
     ("discovery.invalidate", {"service": ""}, "service must be"),
     ("discovery.invalidate", "orders", "must be a JSON object"),
     ("ping", {"reply_to": 5}, "reply_to must be"),
+    ("log_level", {"level": "NOTSET"}, "'NOTSET' is not a logging level"),  # finding 15: not a level to set
 ])
 def test_broadcast_validates_data_of_built_in_types_before_sending(redis, type, data, error):
     pubsub = redis.pubsub()
@@ -267,6 +268,19 @@ def test_broadcast_validates_data_of_built_in_types_before_sending(redis, type, 
     with pytest.raises(CommandError, match="nothing was sent: .*" + error):
         call_command("broadcast", type, json.dumps(data), stdout=io.StringIO(), stderr=io.StringIO())
     assert broadcast("log_level", {"level": "info"}) == 1  # valid data still goes out
+    pubsub.close()
+
+
+def test_broadcast_data_with_a_lone_surrogate_is_refused_not_sent(redis):
+    pubsub = redis.pubsub()
+    pubsub.subscribe("shoal:broadcast")
+    wait_for_subscription = pubsub.get_message(timeout=5)
+    assert wait_for_subscription["type"] == "subscribe"
+    for type, data in [("ping", {"reply_to": "r" + LONE}), ("discovery.invalidate", {"service": LONE}),
+                       ("custom", {"x": LONE})]:
+        with pytest.raises(BroadcastError, match="not valid Unicode: it holds a lone surrogate"):
+            broadcast(type, data)
+    assert pubsub.get_message(timeout=0.5) is None  # nothing was sent
     pubsub.close()
 
 
