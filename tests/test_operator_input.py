@@ -341,6 +341,24 @@ def test_publish_from_stdin_names_the_real_line_of_a_bad_message_among_blank_lin
     assert snapshot(redis) == {}
 
 
+def test_publish_from_stdin_names_bytes_that_are_not_utf8(redis, redis_server):
+    """Piped as the README shows: the command names the encoding, not "not valid JSON"."""
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
+    for locale in ("C", "C.UTF-8"):
+        proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "publish", "jobs", "-"], cwd=ROOT,
+                              env={**env, "LC_ALL": locale}, input=b'{"n": 1}\n\xff\xfe\n', capture_output=True,
+                              timeout=120)
+        err = proc.stderr.decode()
+        assert proc.returncode == 1, err
+        assert "line 2 of stdin is not valid UTF-8 (bytes ff" in err and "Traceback" not in err, err
+    assert snapshot(redis) == {}
+
+
 # -- admin bulk replay interrupted ----------------------------------------------------------------
 
 @pytest.mark.django_db

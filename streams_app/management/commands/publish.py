@@ -40,8 +40,10 @@ class Command(BaseCommand):
 
     def _publish_lines(self, stream, header_dict, maxlen):
         """One message per non-blank line of stdin; errors name the line as the input numbers it."""
-        numbered = [(number, self._parse(line, f"line {number} of stdin"))
-                    for number, line in enumerate(sys.stdin, start=1) if line.strip()]
+        # Bytes, decoded here: the locale's decoding would hide bad bytes behind "not valid JSON".
+        source = getattr(sys.stdin, "buffer", sys.stdin)
+        numbered = [(number, self._parse(self._utf8(line, number), f"line {number} of stdin"))
+                    for number, line in enumerate(source, start=1) if line.strip()]
         if not numbered:
             raise CommandError("stdin had no messages; give one JSON document per line.")
         lines = [number for number, _ in numbered]
@@ -79,6 +81,15 @@ class Command(BaseCommand):
             parts.append(f"nothing from line {resume_line} on was published")
             parts.append(f"to resume: tail -n +{resume_line} FILE | python manage.py publish {stream} -")
         return CommandError("; ".join(parts) + ".")
+
+    def _utf8(self, line, number):
+        try:
+            return line.decode("utf-8") if isinstance(line, bytes) else line.encode("utf-8").decode("utf-8")
+        except UnicodeError as exc:
+            bad = exc.object[exc.start:exc.end]
+            shown = bad.hex(" ") if isinstance(bad, bytes) else repr(bad)
+            raise CommandError(f"line {number} of stdin is not valid UTF-8 (bytes {shown} at position {exc.start}); "
+                               "nothing was published. Convert the input to UTF-8, e.g. with iconv -t UTF-8.") from None
 
     def _parse(self, text, where):
         try:
