@@ -154,6 +154,7 @@ def validate_service(service):
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0[xX][0-9A-Fa-f]*")
 
 
 def validate_address(address):
@@ -172,12 +173,20 @@ def validate_address(address):
     except ValueError:
         ip = None
     if ip is not None:
+        if ip.version == 6 and ip.scope_id:
+            # A zone names an interface of one host, and in a URL it must be written %25: clients elsewhere can't use it.
+            raise InvalidRegistration(problem + "; an IPv6 zone (%interface) is only meaningful on one host: "
+                                                "register a global or unique-local address")
         if bare is not address and ip.version != 6:
             raise InvalidRegistration(problem + "; only IPv6 addresses are written in brackets")
         return str(ip) if ip.version == 6 else bare
     labels = address[:-1].split(".") if address.endswith(".") else address.split(".")
     if len(address) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
         raise InvalidRegistration(problem)
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        # URL parsers (WHATWG) read a host whose last label is a number as IPv4: 1.2.3, 0x7f.1 and
+        # 999999999 would reach some other address, and 10.0.0.256 fails. Not an IP, so not a host name.
+        raise InvalidRegistration(problem + "; it looks like an IPv4 address but is not one (four numbers 0-255)")
     return address
 
 

@@ -191,7 +191,10 @@ def test_register_takes_host_names_and_ip_literals_bracketing_ipv6_once(address,
 
 
 @pytest.mark.parametrize("address", ["10.0.0.7:9000", "http://10.0.0.7", "bad host", "[::1", "[10.0.0.7]",
-                                     "a..b", "-a.com", "x" * 300, "10.0.0.7/24", ""])
+                                     "a..b", "-a.com", "x" * 300, "10.0.0.7/24", "",
+                                     # finding 13: a zone cannot be in the URL as given; numbers that are no IPv4
+                                     "fe80::1%eth0", "[fe80::1%eth0]", "10.0.0.256", "1.2.3", "0x7f.1", "999999999",
+                                     "host.0x1f"])
 def test_register_refuses_what_is_not_a_host_name_or_ip(redis, address):
     with pytest.raises(InvalidRegistration, match="address"):
         build_instance("svc", address, 8000)
