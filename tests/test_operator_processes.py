@@ -150,8 +150,8 @@ def test_db_guard_never_acks_a_transaction_postgresql_aborted(redis, run_consume
     assert postgres_database.rows("SELECT key FROM streams_app_processedmessage") == []
     letters = [f for _, f in redis.xrange(keys.dead_letter_key("dbaborted"))]
     assert sorted(json.loads(f["payload"])["name"] for f in letters) == [f"order-{n}" for n in range(4)]
-    assert all(f["error"].startswith("TransactionRolledBack:") and "aborted" in f["error"]
-               for f in letters), letters[0]["error"]
+    assert all(f["shoal:error"].startswith("TransactionRolledBack:") and "aborted" in f["shoal:error"]
+               for f in letters), letters[0]["shoal:error"]
 
 
 ADMIN_PROBE = """
@@ -177,7 +177,7 @@ def test_admin_dead_letter_filters_holding_nul_do_not_fail_on_postgresql(redis_s
     from tests.conftest import ROOT
 
     raw = redis.Redis(port=redis_server.port)
-    letter = raw.xadd("{jobs}:dlq", {"payload": b'{"n": 1}', "group": b"a\x00b", "error": b"Boom\x00: x"}).decode()
+    letter = raw.xadd("{jobs}:dlq", {"payload": b'{"n": 1}', "shoal:group": b"a\x00b", "shoal:error": b"Boom\x00: x"}).decode()
     urls = ["/admin/streams_app/deadletter/?stream=%00", "/admin/streams_app/deadletter/?group=a%00",
             "/admin/streams_app/deadletter/?error_type=%00", "/admin/streams_app/deadletter/?group=a%00b"]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url,
