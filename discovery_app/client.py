@@ -26,12 +26,13 @@ from discovery_app import keys
 from discovery_app.balancers import key_of, make_strategy
 from discovery_app.breaker import Breakers
 from discovery_app.conf import get_settings
-from discovery_app.connection import TRANSIENT_ERRORS
+from discovery_app.connection import TRANSIENT_ERRORS, is_cluster
 from discovery_app.exceptions import ClientClosed, ServiceNotAvailable
 from discovery_app.fallbacks import fallback_instances
 from discovery_app.listener import ChangeListener
 from discovery_app.registry import ServiceRegistry
 from shoal_common.backoff import backoff_delay
+from shoal_common.redisconn import dedicated_connection
 
 logger = logging.getLogger("discovery_app.client")
 
@@ -182,19 +183,30 @@ _hubs_lock = threading.Lock()
 
 def _hub_for(client):
     """Join ``client`` to the hub of its Redis server, starting one if needed."""
-    pool = client.registry.connection.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    key = (pool.connection_class, kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
-           kwargs.get("db"), kwargs.get("username"), keys.events_channel())
+    conn = client.registry.connection
+    if is_cluster(conn):
+        # One hub per cluster (a PUBLISH reaches every node's subscribers), on a cluster client of
+        # its own with the registry's short timeouts (the sweep's scripts need the slot routing).
+        key = ("cluster", tuple(sorted(node.name for node in conn.get_nodes())),
+               conn.get_connection_kwargs().get("username"), keys.events_channel())
+    else:
+        pool = conn.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        key = (pool.connection_class, kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
+               kwargs.get("db"), kwargs.get("username"), keys.events_channel())
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None or not hub.listener.alive:
-            pool_class, connection_class = type(pool), pool.connection_class
+            if is_cluster(conn):
+                def connect():  # connections of its own, made in the listener's thread; no DiscoveryClient held
+                    return dedicated_connection(conn)
+            else:
+                pool_class, connection_class = type(pool), pool.connection_class
 
-            def connect():  # a pool of its own, made in the listener's thread; no reference to a client
-                import redis
+                def connect():  # a pool of its own, made in the listener's thread; no reference to a client
+                    import redis
 
-                return redis.Redis(connection_pool=pool_class(connection_class=connection_class, **kwargs))
+                    return redis.Redis(connection_pool=pool_class(connection_class=connection_class, **kwargs))
 
             hub = _hubs[key] = _Hub(key, connect, client.backoff_max)
             hub.clients.add(client)

@@ -184,7 +184,6 @@ class Registrar:
                            self.instance_id, exc)
 
     def run(self):
-        registry = self._registry()
         failures = 0
         registered = False
         while not self._stop.is_set():
@@ -192,6 +191,8 @@ class Registrar:
                 self._on_signal()
                 return
             try:
+                # Inside the retry: making the client asks Redis whether it is a cluster.
+                registry = self._registry()
                 if not registered:
                     registry.register(self.instance.service, self.instance.address, self.instance.port,
                                       self.metadata, instance_id=self.instance_id)

@@ -19,6 +19,7 @@ from redis.commands.core import Script
 
 from discovery_app import keys
 from discovery_app.conf import setting
+from discovery_app.connection import is_cluster, per_slot, slot_pipeline
 from discovery_app.exceptions import InvalidRegistration, UnknownInstance
 from discovery_app.instance import Instance
 from discovery_app.short_timeout import registry_connection
@@ -243,6 +244,14 @@ class ServiceRegistry:
 
     # -- writers ---------------------------------------------------------------------------
 
+    def pipeline(self, service):
+        """A pipeline the writers of ``service`` accept (``pipeline=``) on one server and on a cluster.
+
+        On a cluster it is a plain pipeline on the node that holds the service's keys: a cluster
+        pipeline refuses the writers' scripts.
+        """
+        return slot_pipeline(self.connection, keys.service_keys(service)[0])
+
     def register(self, service, address, port, metadata=None, instance_id=None, pipeline=None):
         instance = replace(build_instance(service, address, port, metadata, instance_id),
                            registration=uuid.uuid4().hex)
@@ -300,10 +309,15 @@ class ServiceRegistry:
         return None
 
     def _write(self, instance, mode, pipeline):
-        pipe = pipeline if pipeline is not None else self.connection.pipeline(transaction=False)
         # The services set lives in another slot, so it is written beside the script, not in it;
         # every heartbeat re-adds the name in case services() dropped it while it was empty.
-        pipe.sadd(keys.services_key(), instance.service)
+        if is_cluster(self.connection):
+            # The set is on another node: written on its own; the script on the service's node.
+            self.connection.sadd(keys.services_key(), instance.service)
+            pipe = pipeline if pipeline is not None else self.pipeline(instance.service)
+        else:
+            pipe = pipeline if pipeline is not None else self.connection.pipeline(transaction=False)
+            pipe.sadd(keys.services_key(), instance.service)
         _WRITE(
             keys=keys.service_keys(instance.service),
             args=[keys.events_channel(), instance.service, instance.instance_id, mode,
@@ -386,10 +400,11 @@ class ServiceRegistry:
         names = sorted(_text(name) for name in conn.smembers(keys.services_key()))
         if not names:
             return 0
-        pipe = conn.pipeline(transaction=False)
-        for name in names:
-            _PRUNE(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
-        expired = sum(pipe.execute())
+        expired = 0
+        for pipe, node_names in _per_node(conn, names):  # scripts: one plain pipeline per node on a cluster
+            for name in node_names:
+                _PRUNE(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
+            expired += sum(pipe.execute())
         if expired:
             logger.info("Discovery: the sweep expired %d instance(s)", expired)
         return expired
@@ -404,10 +419,13 @@ class ServiceRegistry:
         names = sorted(_text(name) for name in conn.smembers(keys.services_key()))
         if not names:
             return []
-        pipe = conn.pipeline(transaction=False)
-        for name in names:
-            _READ(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
-        replies = pipe.execute()
+        replies = {}
+        # One plain pipeline per node: a cluster pipeline refuses scripts (one pipeline on one server).
+        for pipe, node_names in _per_node(conn, names):
+            for name in node_names:
+                _READ(keys=keys.service_keys(name), args=[keys.events_channel(), name], client=pipe)
+            replies.update(zip(node_names, pipe.execute()))
+        replies = [replies[name] for name in names]
         alive = [name for name, reply in zip(names, replies) if reply[1]]
         gone = [name for name, reply in zip(names, replies) if not reply[1]]
         if gone:
@@ -417,3 +435,9 @@ class ServiceRegistry:
     def all_instances(self):
         """{service: [Instance, ...]} for every live service: what an admin page lists."""
         return {name: self.instances(name) for name in self.services()}
+
+
+def _per_node(conn, names):
+    """``[(pipeline, service names)]`` grouped by the node that holds each service's keys."""
+    by_key = {keys.service_keys(name)[0]: name for name in names}
+    return [(pipe, [by_key[k] for k in node_keys]) for pipe, node_keys in per_slot(conn, list(by_key))]

@@ -16,11 +16,15 @@ READY_PATH = "/readyz"
 
 
 def check_redis(timeout):
-    import redis
-
+    from shoal_common.redisconn import is_cluster
     from streams_app.connection import get_connection
 
-    shared = get_connection().connection_pool
+    shared = get_connection()
+    if is_cluster(shared):
+        return check_redis_cluster(shared, timeout)
+    import redis
+
+    shared = shared.connection_pool
     # A private connection with the probe's timeout: the shared pool's 30 s socket timeout exists
     # for blocking reads and would make a hung Redis look alive for half a minute.
     kwargs = dict(shared.connection_kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
@@ -29,6 +33,32 @@ def check_redis(timeout):
         redis.Redis(connection_pool=pool).ping()
     finally:
         pool.disconnect()
+
+
+def check_redis_cluster(shared, timeout):
+    """Ready when a node answers and says ``cluster_state:ok`` (every slot served, no failover under way).
+
+    Asked on private connections with the probe's timeout, node after node: one dead master is
+    what a failover is for, and the survivors say whether the cluster is whole again.
+    """
+    import redis
+
+    kwargs = {k: v for k, v in shared.get_connection_kwargs().items() if k in ("username", "password")}
+    errors = []
+    for node in shared.get_nodes():
+        client = redis.Redis(host=node.host, port=node.port, socket_timeout=timeout,
+                             socket_connect_timeout=timeout, decode_responses=True, **kwargs)
+        try:
+            state = client.cluster("info").get("cluster_state")
+        except redis.RedisError as exc:
+            errors.append(f"{node.name}: {exc}")
+            continue
+        finally:
+            client.close()
+        if state != "ok":
+            raise RuntimeError(f"cluster_state is {state} on {node.name}")
+        return
+    raise redis.ConnectionError("no cluster node answered: " + "; ".join(errors))
 
 
 def check_database(timeout):

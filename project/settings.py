@@ -89,6 +89,8 @@ CACHES = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {
+            # One server or a Redis Cluster (detected, or forced by redis+cluster://): shoal_common.redisconn.
+            "CONNECTION_FACTORY": "shoal_common.redisconn.ConnectionFactory",
             "SOCKET_CONNECT_TIMEOUT": 5,
             # Must outlast the longest blocking read (STREAMS["BLOCK_MS"]); a system check says so.
             "SOCKET_TIMEOUT": 30,

@@ -1,6 +1,10 @@
-"""Redis connections of streams_app: shoal_common.connections with ``STREAMS["REDIS_ALIAS"]``."""
+"""Redis connections of streams_app: shoal_common.connections with ``STREAMS["REDIS_ALIAS"]``.
+
+One server or a Redis Cluster: the per-node helpers are shoal_common.redisconn's.
+"""
 from shoal_common import connections
 from shoal_common.connections import TRANSIENT_ERRORS  # noqa: F401  (re-exported: the apps' modules import it here)
+from shoal_common.redisconn import is_cluster, node_client, per_slot, slot_pipeline  # noqa: F401  (re-exported)
 from streams_app.conf import setting
 
 

@@ -62,7 +62,7 @@ class PassReport:
 class Reclaimer:
     def __init__(self, specs=None, *, conn=None, config=None, clock=time.time):
         self.specs = list(specs) if specs is not None else registered()
-        self.conn = conn or get_connection()
+        self._conn = conn
         self.config = config or dict(get_settings())
         self.clock = clock  # wall clock: snapshots carry it
         self.stop = threading.Event()
@@ -70,6 +70,12 @@ class Reclaimer:
         self.last_report = None
         self._reported = set()  # problems already logged: a key of the wrong type is logged once, not every pass
         self.down_since = None  # monotonic time of the first failed pass of an outage
+
+    @property
+    def conn(self):
+        # Looked up when used: the first lookup asks Redis whether it is a cluster, and a daemon
+        # started while Redis is down must get to its first pass (which reports the outage).
+        return self._conn if self._conn is not None else get_connection()
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -8,18 +8,51 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_cluster import RedisClusterServer
 from tests.redis_server import RedisServer
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Tests marked ``both_redis`` run twice: on one redis-server and on a local 3-master Redis Cluster.
+REDIS_KINDS = ("single", "cluster")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("both_redis") and "redis_kind" in metafunc.fixturenames:
+        metafunc.parametrize("redis_kind", REDIS_KINDS)
+
+
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
+def single_redis_server(tmp_path_factory):
     """One private redis-server for the whole run. Tests that kill Redis use ``redis_factory``."""
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """One private Redis Cluster (3 masters, no replicas) for the run, started on first use (~2 s)."""
+    cluster = RedisClusterServer(str(tmp_path_factory.mktemp("cluster"))).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_kind():
+    """"single" unless the test is marked ``both_redis`` (then it runs once per kind)."""
+    return "single"
+
+
+@pytest.fixture
+def redis_server(request, redis_kind):
+    """The test's Redis: the single server, or the cluster for the ``cluster`` run of a both_redis test.
+
+    Both have ``url``, ``port`` and ``client()``; Shoal finds out which one it talks to by itself.
+    """
+    return request.getfixturevalue("redis_cluster" if redis_kind == "cluster" else "single_redis_server")
 
 
 @pytest.fixture
@@ -51,10 +84,18 @@ def _isolated_redis(request, settings):
         return
     server = request.getfixturevalue("redis_server")
     client = server.client()
-    client.flushall()
+    _flushall(server, client)
     _point_django_at(settings, server.url)
     yield
-    client.flushall()
+    _flushall(server, client)
+    client.close()
+
+
+def _flushall(server, client):
+    if isinstance(server, RedisClusterServer):
+        server.flushall(client)
+    else:
+        client.flushall()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ taken over at once instead of after PENDING_TIMEOUT_MS. Consumers that never wro
 """
 from shoal_common.text import to_text
 from streams_app import scripts
+from streams_app.connection import per_slot
 from streams_app.keys import liveness_key
 
 
@@ -16,22 +17,29 @@ def reader_client_name(consumer):
     return f"shoal-reader:{consumer}"
 
 
+def _pipelines(conn, streams, pipeline):
+    """``[(pipeline, liveness keys)]``: the caller's pipeline, or a plain one per node (a cluster
+    pipeline refuses scripts)."""
+    keys_ = [liveness_key(stream) for stream in streams]
+    return [(pipeline, keys_)] if pipeline is not None else per_slot(conn, keys_)
+
+
 def beat(conn, streams, consumer, ttl_ms, pipeline=None):
-    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
-    for stream in streams:
-        scripts.run(conn, "liveness_beat", [liveness_key(stream)], [consumer, int(ttl_ms), ""], pipeline=pipe)
-    if pipeline is None:
-        pipe.execute()
+    for pipe, node_keys in _pipelines(conn, streams, pipeline):
+        for key in node_keys:
+            scripts.run(conn, "liveness_beat", [key], [consumer, int(ttl_ms), ""], pipeline=pipe)
+        if pipeline is None:
+            pipe.execute()
 
 
 def forget(conn, streams, consumer, pipeline=None, names=()):
     """Drop the deadline of ``consumer`` (and of ``names``): a clean exit, or a consumer removed."""
-    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
-    for stream in streams:
-        for name in ([consumer] if consumer else []) + list(names):
-            scripts.run(conn, "liveness_beat", [liveness_key(stream)], [name, 0, "forget"], pipeline=pipe)
-    if pipeline is None:
-        pipe.execute()
+    for pipe, node_keys in _pipelines(conn, streams, pipeline):
+        for key in node_keys:
+            for name in ([consumer] if consumer else []) + list(names):
+                scripts.run(conn, "liveness_beat", [key], [name, 0, "forget"], pipeline=pipe)
+        if pipeline is None:
+            pipe.execute()
 
 
 def dead_consumers(conn, stream):

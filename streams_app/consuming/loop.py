@@ -30,7 +30,7 @@ from streams_app.consuming import liveness
 
 from streams_app.metrics import consumer as metrics
 from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.connection import TRANSIENT_ERRORS, node_client, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
@@ -294,7 +294,8 @@ class GroupLoop:
         if not self.can_list_clients:
             return []
         try:
-            connected = {c.get("name") for c in self.conn.client_list()}
+            # Client lists are per node: the readers of this stream are connected to its slot's node.
+            connected = {c.get("name") for c in node_client(self.conn, self.stream).client_list()}
         except redis.ResponseError as exc:
             if not is_no_permission(exc):
                 raise
@@ -471,7 +472,7 @@ class GroupLoop:
         if not self.errors and self.clock() < self.moves_due:
             return
         self.to_dead_letter = list({f[0]: f for f in self.to_dead_letter}.values())  # audit passes re-add
-        pipe = self.conn.pipeline(transaction=False)
+        pipe = slot_pipeline(self.conn, self.stream)  # the dead-letter script shares it: one slot, one node
         deadletters.record_errors(self.conn, self.stream, self.group, self.consumer, self.errors, self.error_ttl, pipeline=pipe)
         moves = deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)

@@ -27,7 +27,7 @@ from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection
+from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection, node_client
 from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
@@ -120,7 +120,7 @@ class Worker:
     def boot(self):
         """Create groups up front, so a misconfigured stream fails the start instead of a thread."""
         logformat.set_context(consumer=self.name, selector=" ".join(spec.name for spec in self.specs))
-        conn = get_connection()
+        conn = self._connect()
         for spec in self.specs:
             try:
                 ensure_group(conn, spec.stream, spec.group, spec.start)
@@ -137,7 +137,7 @@ class Worker:
             self.event_loop = EventLoopRunner(self.concurrency)
         for spec in self.specs:
             loop = GroupLoop(
-                spec, self.name, conn=conn, reader=dedicated_connection(self.reader_client_name),
+                spec, self.name, conn=conn, reader=self._connect(self.reader_client_name),
                 executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
             )
@@ -166,6 +166,22 @@ class Worker:
                            "reads block at most %d ms so a stop is not held up, and the entries of a consumer "
                            "known dead are taken over after PENDING_TIMEOUT_MS, not at once. Grant +client|list "
                            "+client|unblock to restore both (README \"Redis ACL\").", self.name, exc, SHORT_BLOCK_MS)
+
+    def _connect(self, reader_name=None):
+        """The shared client (or a dedicated reader), waiting for Redis when it is down at start.
+
+        Whether REDIS_URL is one server or a cluster is asked of Redis when the first client is
+        made (shoal_common.redisconn), so that needs Redis to answer; nothing is in flight yet.
+        """
+        failures = 0
+        while True:
+            try:
+                return dedicated_connection(reader_name) if reader_name else get_connection()
+            except TRANSIENT_ERRORS as exc:
+                failures += 1
+                if failures == 1:
+                    logger.warning("Consumer %s: Redis unreachable at start (%s); waiting for it", self.name, exc)
+                time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
     def renew_liveness(self, now=None):
         """Renew this consumer's deadline on every stream it reads (every third of CONSUMER_TTL)."""
@@ -271,9 +287,12 @@ class Worker:
             return
         try:
             conn = get_connection()
-            for client in conn.client_list():
-                if client.get("name") == self.reader_client_name and client.get("cmd") == "xreadgroup":
-                    conn.client_unblock(int(client["id"]))
+            # Client ids are per node: each reader is blocked on the node that holds its stream.
+            nodes = {id(node): node for node in (node_client(conn, stream) for stream in self.streams)}
+            for node in nodes.values():
+                for client in node.client_list():
+                    if client.get("name") == self.reader_client_name and client.get("cmd") == "xreadgroup":
+                        node.client_unblock(int(client["id"]))
         except TRANSIENT_ERRORS:
             pass  # the blocked read ends by itself within BLOCK_MS
         except redis.ResponseError as exc:

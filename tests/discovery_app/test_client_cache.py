@@ -8,6 +8,8 @@ from discovery_app.exceptions import ServiceNotAvailable
 from discovery_app.registry import ServiceRegistry
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 @pytest.fixture
 def client_factory():

@@ -14,6 +14,8 @@ from discovery_app.registry import ServiceRegistry
 from tests.conftest import ConsumerProcess
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 @pytest.fixture
 def registrars():

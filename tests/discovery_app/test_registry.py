@@ -9,6 +9,8 @@ from discovery_app.exceptions import InvalidRegistration, UnknownInstance
 from discovery_app.registry import ServiceRegistry
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 def server_ms(redis):
     seconds, micros = redis.time()
@@ -101,10 +103,10 @@ def test_deregister_publishes_and_a_late_heartbeat_does_not_resurrect(registry, 
     assert [i.instance_id for i in registry.instances("orders")] == [instance.instance_id]
 
 
-def test_writers_accept_a_pipeline(registry, redis):
+def test_writers_accept_a_pipeline(registry):
     a = registry.register("orders", "h", 1)
     b = registry.register("orders", "h", 2)
-    pipe = redis.pipeline()
+    pipe = registry.pipeline("orders")
     registry.heartbeat(a.instance_id, pipeline=pipe)
     registry.deregister(b.instance_id, pipeline=pipe)
     assert [i.instance_id for i in registry.instances("orders")] == sorted([a.instance_id, b.instance_id])

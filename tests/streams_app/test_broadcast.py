@@ -8,6 +8,8 @@ from streams_app import broadcast as bc
 from streams_app.exceptions import BroadcastError
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 @pytest.fixture
 def listener(redis):

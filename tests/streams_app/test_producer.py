@@ -7,6 +7,8 @@ from django.core.management import CommandError, call_command
 from streams_app import publish, publish_many
 from streams_app.exceptions import PublishError
 
+pytestmark = pytest.mark.both_redis
+
 
 def test_publish_stores_json_payload_and_metadata(redis):
     entry_id = publish("orders", {"order_id": 7, "note": "café"}, key="order-7", headers={"trace": "t1"})

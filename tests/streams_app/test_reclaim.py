@@ -17,7 +17,7 @@ from streams_app.registry import select
 from tests.waiting import wait_for
 from datetime import UTC
 
-pytestmark = pytest.mark.django_db  # a pass ends with snapshots, stored in the database
+pytestmark = [pytest.mark.django_db, pytest.mark.both_redis]  # a pass ends with snapshots, stored in the database
 
 
 def reclaimer(selectors, **overrides):

@@ -4,9 +4,10 @@ from collections import Counter
 
 import pytest
 
+from streams_app.connection import node_client
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 
 def publish_raw(client, stream, payloads):
@@ -120,7 +121,7 @@ def test_sigterm_cuts_a_blocked_read_short_so_nothing_is_read_after_it(redis, ru
     proc = run_consumer("jobs:a", "--block-ms", "20000", streams={"CLAIM_INTERVAL_MS": 60_000})
     proc.wait_for_output("started")
     wait_for(lambda: any(c.get("cmd") == "xreadgroup" and c.get("name", "").startswith("shoal-reader:")
-                         for c in redis.client_list()), what="the consumer's blocked read")
+                         for c in node_client(redis, "jobs").client_list()), what="the consumer's blocked read")
     proc.signal(signal.SIGTERM)
     proc.wait_for_output("SIGTERM received")
     late = publish_raw(redis, "jobs", [{"n": 1}])

@@ -14,6 +14,8 @@ from streams_app.consuming.retry import backoff_seconds
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401
 from tests.testapp.consumers import FAILING_CALLS
 
+pytestmark = pytest.mark.both_redis
+
 
 def test_backoff_doubles_and_is_capped():
     assert [backoff_seconds(d, 1.0, 10.0) for d in range(1, 7)] == [1, 2, 4, 8, 10, 10]

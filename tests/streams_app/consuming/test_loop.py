@@ -1,20 +1,25 @@
 """One read loop driven pass by pass (``tick``) against a real Redis, in this process."""
 import time
 
+import pytest
+
 from streams_app import publish, publish_many
-from streams_app.connection import get_connection
+from streams_app.connection import get_connection, node_client
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 def test_handles_and_acks_in_batches(redis, make_loop):
-    redis.config_resetstat()
+    node = node_client(redis, "jobs")  # command statistics are per node
+    node.config_resetstat()
     publish_many("jobs", [{"n": n} for n in range(300)])
     loop = make_loop(BATCH_SIZE=100)
     loop.chunk_budget = 600  # no chunk is cut short under load: each round below collects whole chunks
 
     def xack_calls():
-        return int(redis.info("commandstats").get("cmdstat_xack", {}).get("calls", 0))
+        return int(node.info("commandstats").get("cmdstat_xack", {}).get("calls", 0))
 
     # Round by round: dispatch, let every chunk in flight finish, then one tick collects them all.
     # How many messages a round holds depends on the machine (the chunk size adapts to handler
@@ -194,7 +199,7 @@ def _dead_setup(redis, holder, n=3):
 def test_a_consumer_whose_deadline_lapsed_but_whose_connection_lives_is_not_taken_over(redis, redis_server, make_loop):
     # Frozen (SIGSTOP, a GIL-holding handler, a paused VM) rather than dead: its sockets stay open.
     frozen = redis_server.client(client_name="shoal-reader:frozen")
-    frozen.ping()
+    frozen.exists("jobs")  # connected where its reader would block: the node that holds the stream
     ids = _dead_setup(redis, "frozen")
     loop = make_loop(PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
     deadline = time.monotonic() + 1.0

@@ -1,0 +1,156 @@
+"""Redis plumbing shared by both apps: one server or a Redis Cluster behind the same ``REDIS_URL``.
+
+django-redis has no cluster client, so ``ConnectionFactory`` (our django-redis
+``CONNECTION_FACTORY``) decides per URL, once per process, which client to build:
+
+- ``redis+cluster://host:port/0`` forces cluster mode (no probe; start-up never depends on it);
+- ``redis://`` asks the node (``INFO cluster``) and builds a ``RedisCluster`` when it says
+  ``cluster_enabled:1``, a plain ``Redis`` on django-redis's shared pools otherwise.
+
+Code that must know the difference uses the helpers below, never ``isinstance`` checks of its own:
+per-node commands (CLIENT LIST/UNBLOCK/ID, INFO) go to ``node_client(conn, key)``, and Lua
+scripts that share a pipeline with other commands use ``slot_pipeline(conn, key)`` (a cluster
+pipeline refuses scripts; a plain pipeline on the node that holds the slot runs them).
+"""
+import os
+import threading
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from django_redis.pool import ConnectionFactory as DjangoRedisConnectionFactory
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError, ClusterDownError, ClusterError, MasterDownError, MovedError, SlotNotCoveredError, TryAgainError,
+)
+
+CLUSTER_SCHEME = "redis+cluster"
+
+# "Redis is not reachable right now": retry with back-off rather than crash. On a cluster this
+# includes a failover in progress (CLUSTERDOWN, MASTERDOWN, TRYAGAIN, a slot nobody serves) and a
+# slot that moved under a node pipeline (MOVED/ASK: the cluster client's own commands follow
+# redirects and refresh its slot map, so the next pass goes to the right node).
+TRANSIENT_ERRORS = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
+    ClusterDownError, MasterDownError, TryAgainError, ClusterError, SlotNotCoveredError, MovedError, AskError,
+)
+
+# RedisCluster keyword arguments taken from django-redis's connection parameters.
+_CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "health_check_interval")
+
+
+def is_cluster(conn):
+    return isinstance(conn, RedisCluster)
+
+
+def node_client(conn, key):
+    """The plain client of the node that holds ``key``'s slot (``conn`` itself on one server).
+
+    Per-node state (client ids, CLIENT LIST, INFO) only means something on that node: asked
+    through the cluster client, these commands go to a default node instead.
+    """
+    if is_cluster(conn):
+        return conn.get_redis_connection(conn.get_node_from_key(key))
+    return conn
+
+
+def slot_pipeline(conn, key):
+    """A non-transactional pipeline for commands that all touch ``key``'s slot, scripts included."""
+    return node_client(conn, key).pipeline(transaction=False)
+
+
+def per_slot(conn, keys):
+    """``[(pipeline, keys)]``: ``keys`` grouped by the node that holds them, one plain pipeline each."""
+    if not is_cluster(conn):
+        return [(conn.pipeline(transaction=False), list(keys))]
+    groups = {}
+    for key in keys:
+        node = conn.get_node_from_key(key)
+        groups.setdefault(node.name, (node, []))[1].append(key)
+    return [(conn.get_redis_connection(node).pipeline(transaction=False), node_keys)
+            for node, node_keys in groups.values()]
+
+
+def dedicated_connection(shared, client_name=None, **overrides):
+    """A client with connections of its own (same servers and options as ``shared``).
+
+    Its connections carry ``client_name`` (CLIENT SETNAME), which is how shutdown and the
+    liveness guard find a consumer's blocking readers in CLIENT LIST.
+    """
+    if is_cluster(shared):
+        kwargs = {k: v for k, v in shared.get_connection_kwargs().items() if k in _CLUSTER_KWARGS + ("decode_responses",)}
+        kwargs.update(overrides)
+        if client_name:
+            kwargs["client_name"] = client_name
+        nodes = [ClusterNode(n.host, n.port) for n in shared.get_nodes()]
+        return _make_cluster(startup_nodes=nodes, **kwargs)
+    pool = shared.connection_pool
+    kwargs = dict(pool.connection_kwargs, **overrides)
+    if client_name:
+        kwargs["client_name"] = client_name
+    return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
+
+
+def _make_cluster(**kwargs):
+    try:
+        return RedisCluster(**kwargs)
+    except SlotNotCoveredError:
+        raise
+    except redis.exceptions.RedisClusterException as exc:
+        # "cannot be connected" / "slots not covered" at start: an outage, which callers retry.
+        raise redis.ConnectionError(str(exc)) from exc
+
+
+def cluster_url(url):
+    """(is forced cluster, URL with a scheme redis-py understands)."""
+    parts = urlsplit(url)
+    if parts.scheme == CLUSTER_SCHEME:
+        return True, urlunsplit(parts._replace(scheme="redis"))
+    return False, url
+
+
+def probe_cluster_mode(url, timeout=5):
+    """True when the server at ``url`` runs with cluster-enabled (``INFO cluster``)."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    finally:
+        client.close()
+
+
+class ConnectionFactory(DjangoRedisConnectionFactory):
+    """django-redis ``CONNECTION_FACTORY``: a ``RedisCluster`` for a cluster URL, django-redis's client otherwise.
+
+    One ``RedisCluster`` per (URL, process), shared by every thread (it is thread-safe and keeps a
+    pool per node). Keyed by pid too: a forked worker must not reuse its parent's sockets.
+    The mode is decided once per (URL, process); when the probe cannot reach Redis, the
+    ConnectionError goes to the caller (which retries), and nothing is remembered.
+    """
+
+    _modes = {}
+    _clusters = {}
+    _lock = threading.Lock()
+
+    def connect(self, url):
+        key = (url, os.getpid())
+        mode = self._modes.get(key)
+        if mode is None:
+            forced, plain_url = cluster_url(url)
+            mode = "cluster" if forced or probe_cluster_mode(plain_url) else "single"
+            self._modes[key] = mode
+        if mode == "single":
+            return super().connect(url)
+        with self._lock:
+            client = self._clusters.get(key)
+            if client is None:
+                params = self.make_connection_params(url)
+                kwargs = {k: v for k, v in params.items() if k in _CLUSTER_KWARGS}
+                kwargs.update({k: v for k, v in self.pool_cls_kwargs.items() if k in _CLUSTER_KWARGS})
+                kwargs.update(self.options.get("CLUSTER_KWARGS", {}))
+                client = self._clusters[key] = _make_cluster(url=cluster_url(url)[1], **kwargs)
+        return client
+
+    def disconnect(self, connection):
+        if is_cluster(connection):
+            connection.disconnect_connection_pools()
+        else:
+            super().disconnect(connection)

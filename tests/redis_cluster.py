@@ -1,0 +1,134 @@
+"""A private Redis Cluster for tests: redis-server --cluster-enabled on free ports, joined by redis-cli.
+
+Each node is a subprocess of the test run (never daemonized), so stopping the cluster kills
+exactly the processes the tests started. ``start()`` returns once the cluster says ``ok``, every
+slot is served and every replica has finished its first sync (a replica that never synced refuses
+to fail over).
+"""
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from tests.redis_server import REDIS_SERVER
+from tests.waiting import wait_for
+
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+NODE_TIMEOUT_MS = 2000
+BUS_PORT_OFFSET = 10000  # a node also listens on port + 10000 (the cluster bus): both must be free
+
+
+def free_cluster_port(taken=()):
+    """A port whose bus port is free too (an OS-chosen free port may be above 55535)."""
+    for _ in range(1000):
+        port = random.randint(20000, 45000)
+        if port in taken or port + BUS_PORT_OFFSET in taken:
+            continue
+        try:
+            for candidate in (port, port + BUS_PORT_OFFSET):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class RedisClusterServer:
+    def __init__(self, directory, masters=3, replicas=0):
+        self.directory = directory
+        self.masters = masters
+        self.replicas = replicas
+        self.ports = []
+        self.processes = {}
+
+    # The same surface as tests.redis_server.RedisServer, so a test can take either.
+    @property
+    def port(self):
+        return self.ports[0]
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs):
+        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
+                            decode_responses=True, socket_timeout=10, **kwargs)
+
+    def node(self, port, **kwargs):
+        return redis.Redis(port=port, decode_responses=True, socket_timeout=10, **kwargs)
+
+    def flushall(self, client):
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self):
+        count = self.masters * (1 + self.replicas)
+        self.ports = []
+        for _ in range(count):
+            self.ports.append(free_cluster_port(taken=set(self.ports) | {p + BUS_PORT_OFFSET for p in self.ports}))
+        for port in self.ports:
+            self._start_node(port)
+        for port in self.ports:
+            wait_for(lambda port=port: self._pings(port), timeout=15, what=f"cluster node on port {port}")
+        create = subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+            capture_output=True, text=True, timeout=60,
+        )
+        if create.returncode:
+            self.stop()
+            raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout}{create.stderr}")
+        wait_for(self.healthy, timeout=60, what="the test cluster to reach state ok")
+        return self
+
+    def _start_node(self, port):
+        directory = os.path.join(self.directory, str(port))
+        os.makedirs(directory, exist_ok=True)
+        self.processes[port] = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
+             "--daemonize", "no", "--logfile", "redis.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def _pings(self, port):
+        if self.processes[port].poll() is not None:
+            raise RuntimeError(f"cluster node on port {port} exited with {self.processes[port].returncode}")
+        try:
+            return self.node(port).ping()
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            return False
+
+    def healthy(self):
+        live = [p for p in self.ports if self.processes[p].poll() is None]
+        try:
+            info = self.node(live[0]).cluster("info")
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
+                return False
+            if int(info.get("cluster_known_nodes", 0)) != len(self.ports):
+                return False
+            for port in live:
+                replication = self.node(port).info("replication")
+                if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                    return False
+            # Every node must agree on the slot map, or a client started now sees a partial one.
+            for port in live:
+                if self.node(port).cluster("info").get("cluster_state") != "ok":
+                    return False
+        except redis.RedisError:
+            return False
+        return True
+
+    def stop(self, sig=signal.SIGKILL):
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(sig)
+                process.wait(timeout=10)
