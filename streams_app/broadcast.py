@@ -32,7 +32,7 @@ import uuid
 from shoal_common.broadcasting import _handlers, dispatch, handlers_for, on_broadcast, shoal_loggers  # noqa: F401
 from shoal_common.pubsub import Subscriber
 from streams_app.conf import setting
-from streams_app.connection import get_connection
+from streams_app.connection import get_connection, node_client
 from streams_app.exceptions import BroadcastError
 
 logger = logging.getLogger("streams_app.broadcast")
@@ -115,8 +115,11 @@ def broadcast(type, data=None, *, pipeline=None):
     if type in VALIDATORS:
         VALIDATORS[type](data)
     body = encode(type, data)
-    conn = pipeline if pipeline is not None else get_connection()
-    receivers = conn.publish(setting("BROADCAST_CHANNEL"), body)
+    channel = setting("BROADCAST_CHANNEL")
+    # On a cluster, PUBLISH reaches every node's subscribers but counts only its own node's: sent
+    # to the channel's node, where every listener subscribes (by the channel's slot), the count is right.
+    conn = pipeline if pipeline is not None else node_client(get_connection(), channel)
+    receivers = conn.publish(channel, body)
     return None if pipeline is not None else receivers
 
 

@@ -58,7 +58,7 @@ class RedisClusterServer:
 
     def client(self, **kwargs):
         return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
-                            decode_responses=True, socket_timeout=10, **kwargs)
+                            **{"decode_responses": True, "socket_timeout": 10, **kwargs})
 
     def node(self, port, **kwargs):
         return redis.Redis(port=port, decode_responses=True, socket_timeout=10, **kwargs)

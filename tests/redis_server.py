@@ -31,7 +31,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self, **kwargs):
-        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=10, **kwargs)
+        return redis.Redis(port=self.port, **{"decode_responses": True, "socket_timeout": 10, **kwargs})
 
     def start(self):
         os.makedirs(self.directory, exist_ok=True)

@@ -23,14 +23,18 @@ from streams_app.conf import get_settings
 from streams_app.exceptions import PublishError
 from tests.streams_app.admin.fixtures import dead_letter
 
+pytestmark = pytest.mark.both_redis
+
 LIMIT = get_settings()["MAX_PAYLOAD_BYTES"]
 
 
 def snapshot(redis):
-    """Every key with its type and size: "no damage" means this did not change."""
+    """Every key with its type and size: "no damage" means this did not change.
+
+    SCAN, not KEYS: on a cluster KEYS asks one node, scan_iter every node."""
     sizes = {"stream": redis.xlen, "string": redis.strlen, "list": redis.llen, "hash": redis.hlen,
              "set": redis.scard, "zset": redis.zcard}
-    return {key: (kind, sizes[kind](key)) for key in redis.keys("*") for kind in [redis.type(key)]}
+    return {key: (kind, sizes[kind](key)) for key in redis.scan_iter("*") for kind in [redis.type(key)]}
 
 
 # -- publish ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from discovery_app.registry import ServiceRegistry
 from discovery_app.sync import sync_instances
 from tests.streams_app.admin.fixtures import staff_client  # noqa: F401
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_redis]
 
 CHANGELIST = "/admin/discovery_app/serviceinstance/"
 

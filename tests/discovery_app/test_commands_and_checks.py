@@ -9,6 +9,8 @@ from discovery_app.checks import check_discovery_settings
 from discovery_app.registry import ServiceRegistry
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.both_redis
+
 
 def run(*args):
     out = io.StringIO()

@@ -5,16 +5,17 @@ import os
 import pytest
 
 from streams_app.broadcast import broadcast
+from streams_app.connection import node_client
 from tests.conftest import ConsumerProcess
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 
 def test_every_gunicorn_worker_acknowledges_a_broadcast(gunicorn, redis):
     server = gunicorn(workers=3)
     channel = "shoal:broadcast"
-    wait_for(lambda: dict(redis.pubsub_numsub(channel)).get(channel) == 3, timeout=30, what="3 workers subscribed")
+    wait_for(lambda: dict(node_client(redis, "shoal:broadcast").pubsub_numsub(channel)).get(channel) == 3, timeout=30, what="3 workers subscribed")
 
     assert broadcast("ping", {"reply_to": "acks"}) == 3
     wait_for(lambda: redis.hlen("acks") == 3, timeout=10, what="3 acknowledgements")
@@ -25,7 +26,7 @@ def test_every_gunicorn_worker_acknowledges_a_broadcast(gunicorn, redis):
 
 def test_the_broadcast_command_lists_the_processes_that_replied(gunicorn, redis_server, redis):
     server = gunicorn(workers=3)
-    wait_for(lambda: dict(redis.pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 3, timeout=30,
+    wait_for(lambda: dict(node_client(redis, "shoal:broadcast").pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 3, timeout=30,
              what="3 workers subscribed")
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url, "PYTHONUNBUFFERED": "1"}
     command = ConsumerProcess(["ping", "--wait", "5"], {**os.environ, **env}, command="broadcast")

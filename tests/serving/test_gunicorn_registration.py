@@ -15,7 +15,7 @@ from tests.processes import children_running
 from tests.redis_server import free_port
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 
 def registration_status(server):

@@ -7,10 +7,11 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from streams_app import keys
 
 from streams_app.admin import mirror
+from streams_app.connection import node_client
 from streams_app.models import ConsumerGroup, DeadLetter, GroupSnapshot
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_redis]
 
 CHANGELIST = "/admin/streams_app/deadletter/"
 
@@ -228,9 +229,10 @@ def test_the_pending_page_reads_one_page_of_100000_entries(staff_client, redis):
     mirror.sync_all()
     group = ConsumerGroup.objects.get(name="a")
     assert group.pending == 100_000
-    redis.config_resetstat()
+    node = node_client(redis, "jobs")  # command statistics are per node
+    node.config_resetstat()
     page = client.get(f"/admin/streams_app/consumergroup/{group.pk}/pending/")
-    stats = redis.info("commandstats")
+    stats = node.info("commandstats")
     assert page.status_code == 200
     assert len(page.context["entries"]) == 50 and page.context["total"] == 100_000
     # One XPENDING summary, one XPENDING page of 51 (50 + "is there more?"), one XRANGE per shown payload.

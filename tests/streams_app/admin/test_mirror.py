@@ -11,7 +11,7 @@ from streams_app.registry import select
 from tests.streams_app.admin.fixtures import dead_letter, pending
 from datetime import UTC
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_redis]
 
 
 def test_groups_mirror_lag_pending_consumers_and_the_declared_handler(redis):

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 
 @pytest.fixture(scope="session")

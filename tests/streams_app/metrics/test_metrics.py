@@ -14,6 +14,8 @@ from streams_app.message import Message
 from streams_app.registry import select
 from tests.redis_server import free_port
 
+pytestmark = pytest.mark.both_redis
+
 
 def value(name, **labels):
     return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -1,7 +1,10 @@
 """Reading the backlog from XINFO GROUPS on a real Redis, including Redis 7's null lag."""
-import redis as redis_lib
+import pytest
+
 
 from streams_app.supervisor.lag import GroupLag, estimate_lag, group_lag
+
+pytestmark = pytest.mark.both_redis
 
 
 def fill(redis, n, stream="jobs"):
@@ -40,7 +43,7 @@ def test_missing_stream_has_no_backlog_and_missing_group_will_read_the_whole_str
 
 
 def test_works_with_a_client_that_does_not_decode(redis_server):
-    raw = redis_lib.Redis(port=redis_server.port, socket_timeout=10)
+    raw = redis_server.client(decode_responses=False)
     raw.xadd("jobs", {"payload": "{}"})
     raw.xgroup_create("jobs", "a", id="0")
     assert group_lag(raw, "jobs", "a").lag == 1

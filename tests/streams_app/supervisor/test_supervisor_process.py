@@ -19,7 +19,7 @@ from tests.processes import children, cmdline
 from tests.redis_server import free_port
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 FAST = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "10"]
 
@@ -337,9 +337,10 @@ def test_worker_counters_are_summed_across_workers_and_survive_a_worker_kill(red
 
 def test_every_consumer_worker_hears_a_broadcast(redis, supervise):
     from streams_app.broadcast import broadcast
+    from streams_app.connection import node_client
 
     master = supervise("jobs:a", "--workers", "2", *FAST)
-    wait_for(lambda: dict(redis.pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 2, timeout=30,
+    wait_for(lambda: dict(node_client(redis, "shoal:broadcast").pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 2, timeout=30,
              what="2 workers subscribed")
     assert broadcast("ping", {"reply_to": "acks"}) == 2
     wait_for(lambda: redis.hlen("acks") == 2, timeout=10, what="2 acknowledgements")
