@@ -53,9 +53,9 @@ def node_client(conn, key):
     return conn
 
 
-def slot_pipeline(conn, key):
-    """A non-transactional pipeline for commands that all touch ``key``'s slot, scripts included."""
-    return node_client(conn, key).pipeline(transaction=False)
+def slot_pipeline(conn, key, transaction=False):
+    """A pipeline for commands that all touch ``key``'s slot, scripts included (MULTI/EXEC if ``transaction``)."""
+    return node_client(conn, key).pipeline(transaction=transaction)
 
 
 def per_slot(conn, keys):

@@ -71,6 +71,24 @@ def check_streams_settings(app_configs=None, **kwargs):
             )
     errors.extend(_check_supervisor(merged))
     errors.extend(_check_codec(merged["CODEC"]))
+    errors.extend(_check_partitions(merged))
+    return errors
+
+
+def _check_partitions(merged):
+    partitions = merged["PARTITIONS"]
+    hint = "Write STREAMS['PARTITIONS'] = {'orders': 6}: stream names to a partition count from 1 to 1024."
+    if not isinstance(partitions, dict):
+        return [Error(f"STREAMS['PARTITIONS'] must be a dict, not {type(partitions).__name__}.", hint=hint,
+                      id="streams_app.E031")]
+    errors = []
+    for stream, count in partitions.items():
+        if not isinstance(stream, str) or not stream or "{" in stream or "}" in stream:
+            errors.append(Error(f"STREAMS['PARTITIONS'] has an invalid stream name {stream!r}.", hint=hint,
+                                id="streams_app.E031"))
+        elif isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024:
+            errors.append(Error(f"STREAMS['PARTITIONS'][{stream!r}] must be an integer from 1 to 1024, not {count!r}.",
+                                hint=hint, id="streams_app.E031"))
     return errors
 
 

@@ -10,6 +10,7 @@ from shoal_common.appsettings import (MILLISECONDS_INT, NON_EMPTY_STRING, POSITI
 
 CACHE_ALIAS = Kind("django-redis cache alias")  # checked against CACHES by streams_app.E004 / E005
 CODEC_NAME = Kind("codec name: 'json' or 'orjson'")  # checked by streams_app.E030 (orjson must be installed)
+PARTITION_COUNTS = Kind("stream name -> partition count (1 to 1024)")  # streams_app.E031
 
 SETTINGS = (
     Setting("REDIS_ALIAS", "default", CACHE_ALIAS,
@@ -75,6 +76,12 @@ SETTINGS = (
             "lost: a process killed after its commit, Redis away). Keep it below the Redis socket timeout."),
     Setting("OUTBOX_RETENTION", 3600, POSITIVE_INT,
             "Seconds a relayed outbox row is kept (the admin shows it) before the relay deletes it."),
+
+    Setting("PARTITIONS", {}, PARTITION_COUNTS,
+            "Partitioned streams: ``{\"orders\": 6}`` spreads the logical stream ``orders`` over 6 streams (one "
+            "cluster slot each, spread over the masters). ``publish(..., key=k)`` routes by CRC-32 of the key, "
+            "without a key round-robin; ``@consumer(\"orders\", ...)`` reads every partition. Changing the count "
+            "of a stream that has entries is refused (streams_app/partitions.py).", check_id="E031"),
     # -- the runconsumer supervisor (--workers / --min-workers) ------------------------------
     Setting("TARGET_LAG", 100, POSITIVE_INT,
             "Autoscaling aims at this backlog (XINFO GROUPS ``lag``, summed over the selected groups): above "

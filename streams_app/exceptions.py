@@ -46,3 +46,7 @@ class BroadcastError(StreamsError, ValueError):
 
 class HandlerShapeError(StreamsError, TypeError):
     """A handler's call did not run its work (it returned a coroutine or a generator): the entry fails."""
+
+
+class PartitionConfigError(StreamsError):
+    """STREAMS["PARTITIONS"] declares another layout than the one a stream's entries are in."""

@@ -5,10 +5,11 @@ import time
 import redis
 
 from streams_app import codec as codecs
+from streams_app import partitions
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.connection import TRANSIENT_ERRORS, get_connection, slot_pipeline
 from streams_app.consuming.groups import key_type
 from streams_app.exceptions import PartialPublishError, PublishError
 
@@ -120,6 +121,11 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     if outbox:
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
+    logical, stream = stream, stream
+    if partitions.is_partitioned(logical):
+        # By the key's CRC-32 (same partition in every process), round-robin without a key.
+        partitions.ensure_recorded(get_connection(), logical)
+        stream = partitions.route(logical, key)
     if pipeline is not None:
         _xadd(pipeline, stream, fields, maxlen)
         return None
@@ -161,9 +167,16 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
             error.index, error.reason = index, str(exc)
             raise error from None
     conn = get_connection()
+    targets = None
+    if partitions.is_partitioned(stream):
+        partitions.ensure_recorded(conn, stream)
+        targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
     ids = []
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
         batch = encoded[start : start + _PIPELINE_CHUNK]
+        if targets is not None:
+            ids.extend(_send_partitioned(conn, stream, targets[start : start + _PIPELINE_CHUNK], batch, maxlen, ids))
+            continue
         pipe = conn.pipeline(transaction=True)
         for fields in batch:
             _xadd(pipe, stream, fields, maxlen)
@@ -203,3 +216,37 @@ def _partial(stream, ids, in_doubt, cause):
     doubt = f", the next {in_doubt} may or may not have been stored" if in_doubt else ""
     return PartialPublishError(f"Redis failed part-way through publishing to {stream!r} ({type(cause).__name__}: "
                                f"{cause}): {done}{doubt}", ids=ids, in_doubt=in_doubt, cause=cause)
+
+
+def _send_partitioned(conn, stream, targets, batch, maxlen, done):
+    """One batch of a partitioned stream: each partition's share in one MULTI/EXEC on its node.
+
+    A transaction cannot span slots, so a batch is atomic per partition, not as a whole: when
+    Redis fails part-way, the messages after the last one known stored are reported in doubt.
+    """
+    replies = [None] * len(batch)
+    for target in dict.fromkeys(targets):
+        positions = [i for i, t in enumerate(targets) if t == target]
+        pipe = slot_pipeline(conn, target, transaction=True)
+        for i in positions:
+            _xadd(pipe, target, batch[i], maxlen)
+        try:
+            stored = pipe.execute()
+        except redis.ResponseError as exc:
+            if is_wrongtype(exc) and not done and all(r is None for r in replies):
+                raise _not_a_stream(conn, target) from None
+            raise _partial(stream, done + _prefix(replies), len(batch) - len(_prefix(replies)), exc) from None
+        except TRANSIENT_ERRORS as exc:
+            raise _partial(stream, done + _prefix(replies), len(batch) - len(_prefix(replies)), exc) from None
+        for i, entry_id in zip(positions, stored):
+            replies[i] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return replies
+
+
+def _prefix(replies):
+    known = []
+    for entry_id in replies:
+        if entry_id is None:
+            break
+        known.append(entry_id)
+    return known

@@ -2,10 +2,11 @@
 import difflib
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from asgiref.sync import iscoroutinefunction
 
+from streams_app import partitions
 from streams_app.exceptions import ConsumerConfigError, PublishError
 from streams_app.producer import validate_stream_name
 
@@ -24,6 +25,14 @@ class ConsumerSpec:
     max_deliveries: int = 5
     options: dict = field(default_factory=dict, compare=False)
     is_async: bool = False  # the handler is awaited on the worker's event loop (see handler_kind)
+    # A partition of a partitioned stream (streams_app.partitions): ``stream`` is the partition's
+    # key, ``logical_stream`` the declared name.
+    logical_stream: str | None = None
+    partition: int | None = None
+
+    @property
+    def logical(self):
+        return self.logical_stream or self.stream
 
     @property
     def retry_backoff(self):
@@ -188,8 +197,20 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_ba
 
 
 def registered():
-    """Every declared consumer, sorted by stream then group."""
-    return [_registry[key] for key in sorted(_registry)]
+    """Every declared consumer, sorted by stream then group; a partitioned stream's one per partition."""
+    return [spec for key in sorted(_registry) for spec in expand(_registry[key])]
+
+
+def expand(spec):
+    """One spec per partition of ``spec.stream`` (the spec itself when it is not partitioned).
+
+    Each partition is an ordinary stream, so everything that works on a stream (reading, takeover,
+    retries, dead letters, trimming, the reclaimer, metrics) works per partition unchanged.
+    """
+    names = partitions.names(spec.stream)
+    if len(names) == 1:
+        return [spec]
+    return [replace(spec, stream=name, logical_stream=spec.stream, partition=i) for i, name in enumerate(names)]
 
 
 def split_selector(selector):
@@ -210,12 +231,15 @@ def select(selectors=()):
         )
     if not selectors:
         return specs
-    known = ", ".join(spec.name for spec in specs)
+    known = ", ".join(f"{stream}:{group}" for stream, group in sorted(_registry))
     chosen = []
     for selector in selectors:
         key = split_selector(selector)
+        one_partition = [spec for spec in specs if spec.name == selector and spec.partition is not None]
+        if one_partition:  # "orders:3:email": one partition of a partitioned stream
+            chosen.extend(spec for spec in one_partition if spec not in chosen)
+            continue
         if key not in _registry:
             raise ConsumerConfigError(f"no consumer is registered for {selector!r}. Registered: {known}")
-        if _registry[key] not in chosen:
-            chosen.append(_registry[key])
+        chosen.extend(spec for spec in expand(_registry[key]) if spec not in chosen)
     return chosen

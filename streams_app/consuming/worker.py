@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from shoal_common import early_signals, logformat
-from streams_app import broadcast
+from streams_app import broadcast, partitions
 
 from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
@@ -121,6 +121,7 @@ class Worker:
         """Create groups up front, so a misconfigured stream fails the start instead of a thread."""
         logformat.set_context(consumer=self.name, selector=" ".join(spec.name for spec in self.specs))
         conn = self._connect()
+        self.check_partitions(conn)
         for spec in self.specs:
             try:
                 ensure_group(conn, spec.stream, spec.group, spec.start)
@@ -166,6 +167,14 @@ class Worker:
                            "reads block at most %d ms so a stop is not held up, and the entries of a consumer "
                            "known dead are taken over after PENDING_TIMEOUT_MS, not at once. Grant +client|list "
                            "+client|unblock to restore both (README \"Redis ACL\").", self.name, exc, SHORT_BLOCK_MS)
+
+    def check_partitions(self, conn):
+        """Refuse to start on a partition layout other than the one the stream's entries are in."""
+        for stream in sorted({spec.logical for spec in self.specs}):
+            try:
+                partitions.ensure_recorded(conn, stream)
+            except TRANSIENT_ERRORS:
+                return  # checked by the next start; the read loops report the outage
 
     def _connect(self, reader_name=None):
         """The shared client (or a dedicated reader), waiting for Redis when it is down at start.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from streams_app import keys, scripts
+from streams_app import keys, partitions, scripts
 from streams_app.connection import get_connection
 from streams_app.deadletters.store import DeadLetter, get_dead_letters
 from streams_app.message import decode_fields
@@ -76,6 +76,8 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
         raise ReplayError(f"not dead-letter entry ids: {', '.join(map(repr, malformed))}; "
                           f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")
     conn = conn or get_connection()
+    if partitions.is_partitioned(stream):
+        return _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress)
     try:
         if not group_exists(conn, keys.stream_key(stream), group):
             conn.xlen(keys.dead_letter_key(stream))  # a dead-letter key of another type says so first
@@ -100,6 +102,24 @@ def _no_group_message(conn, stream, group):
     return (f"group {group!r} does not exist on stream {stream!r} ({known}). Nothing was replayed and no dead "
             f"letter was removed: a replayed entry would be acked unseen by every other group. Start the "
             f"group's consumer (it creates the group) and replay again.")
+
+def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress):
+    """A logical stream's dead letters: each partition's go back into that same partition.
+
+    Each partition has its own dead-letter stream ({orders:3}:dlq), and a replayed entry is
+    re-published where it failed, so per-key order stays within one partition.
+    """
+    merged = ReplayResult(dry_run=dry_run)
+    reasons = {}
+    for name in partitions.names(stream):
+        part = _replay(conn, name, group, ids, all, payload_override, dry_run, progress)
+        merged.replayed.extend(part.replayed)
+        for entry_id, why in part.skipped.items():
+            if why != "missing" or entry_id not in reasons:
+                reasons[entry_id] = why
+    done = {entry_id for entry_id, _ in merged.replayed}
+    merged.skipped = {entry_id: why for entry_id, why in reasons.items() if entry_id not in done}
+    return merged
 
 
 def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):

@@ -25,6 +25,9 @@ from streams_app.metrics import multiprocess
 logger = logging.getLogger("streams_app.metrics")
 
 LABELS = ("stream", "group")
+# A partitioned stream's partition is a stream of its own (stream="orders:3"); these say which
+# logical stream it belongs to (partition "" for a stream that is not partitioned).
+BACKLOG_LABELS = ("stream", "logical_stream", "partition", "group", "estimated")
 # Handler time per message, from 100 µs (no-op handlers) to a minute (slow external calls).
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -108,7 +111,8 @@ class BacklogCollector:
     def describe(self):
         # Registering must not query Redis: REGISTRY calls describe(), else collect(), at once.
         return [GaugeMetricFamily(name, "") for name in
-                ("shoal_group_lag", "shoal_group_lag_estimated", "shoal_group_pending", "shoal_dead_letters",
+                ("shoal_group_lag", "shoal_group_lag_estimated", "shoal_group_backlog", "shoal_group_pending",
+                 "shoal_dead_letters",
                  "shoal_backlog_scrape_ok")]
 
     def collect(self):
@@ -122,11 +126,15 @@ class BacklogCollector:
         estimated = GaugeMetricFamily("shoal_group_lag_estimated", "1 if shoal_group_lag is an estimate: Redis reported "
                                       "no lag (entries deleted or trimmed), so the entries after the last delivered id "
                                       "were counted.", labels=LABELS)
+        backlog = GaugeMetricFamily(
+            "shoal_group_backlog", "Entries not yet delivered to the group (shoal_group_lag) with the logical "
+            "stream and partition of a partitioned stream: sum it by logical_stream. What autoscalers should read.",
+            labels=BACKLOG_LABELS)
         pending = GaugeMetricFamily("shoal_group_pending", "Entries delivered to the group and not acknowledged.", labels=LABELS)
         dead = GaugeMetricFamily("shoal_dead_letters", "Entries in the stream's dead-letter stream.", labels=("stream",))
         up = GaugeMetricFamily("shoal_backlog_scrape_ok", "1 if Redis answered this scrape's backlog queries.")
         streams = sorted({spec.stream for spec in specs})
-        wanted = {(spec.stream, spec.group) for spec in specs}
+        wanted = {(spec.stream, spec.group): spec for spec in specs}
         try:
             conn = get_connection()
             pipe = conn.pipeline(transaction=False)
@@ -156,8 +164,12 @@ class BacklogCollector:
                         continue
                 lag.add_metric([stream, name], value)
                 estimated.add_metric([stream, name], 1 if info.get("lag") is None else 0)
+                spec = wanted[(stream, name)]
+                partition = "" if spec.partition is None else str(spec.partition)
+                backlog.add_metric([stream, spec.logical, partition, name,
+                                    "true" if info.get("lag") is None else "false"], value)
         up.add_metric([], 1)
-        return [lag, estimated, pending, dead, up]
+        return [lag, estimated, backlog, pending, dead, up]
 
 
 def _text(value):

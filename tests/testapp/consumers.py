@@ -325,3 +325,7 @@ def outbox_order_effect(message):
     from tests.testapp.models import Effect
 
     Effect.objects.create(name=message.payload["order"], entry_id=message.id)
+
+# -- partitioned streams (tests/streams_app/test_partitions.py; STREAMS["PARTITIONS"] there) ----
+
+consumer("orders", group="p", max_deliveries=2, retry_backoff=0.05)(behave)

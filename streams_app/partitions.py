@@ -1,0 +1,150 @@
+"""Partitioned streams: ``STREAMS["PARTITIONS"] = {"orders": 6}`` spreads one logical stream over N streams.
+
+Each partition is an ordinary Shoal stream with a plain name of its own (``orders:0`` ...), so its
+dead letters, errors, idempotency and liveness keys (``{orders:0}:...``) live in its own cluster
+slot and every Lua script stays single-slot. Names are derived, never scanned: partition *i* is
+``S:i`` when that name's slot falls in the *i*-th N-th of the slot space, else the first ``S:i.k``
+that does, which spreads the partitions evenly over the masters of a standard cluster layout.
+
+The list of names is recorded in Redis (``{S}:partitions``, written once with SET NX): changing N
+for a stream that has entries would move keys to other partitions (and break per-key order), so
+it is refused with an error that says how to migrate.
+"""
+import itertools
+import json
+import threading
+import zlib
+
+from django.core.signals import setting_changed
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from streams_app import keys
+from streams_app.conf import setting
+from streams_app.exceptions import PartitionConfigError
+
+
+def count(stream):
+    """Partitions of ``stream`` as declared in STREAMS["PARTITIONS"] (1: not partitioned)."""
+    declared = setting("PARTITIONS") or {}
+    return int(declared.get(stream, 1)) if isinstance(declared, dict) else 1
+
+
+def is_partitioned(stream):
+    return count(stream) > 1
+
+
+def _slot(name):
+    return key_slot(name.encode())
+
+
+def partition_name(stream, index, n):
+    """The stream key of partition ``index`` of ``n``: stable, so every process derives the same."""
+    low, high = index * REDIS_CLUSTER_HASH_SLOTS // n, (index + 1) * REDIS_CLUSTER_HASH_SLOTS // n
+    plain = f"{stream}:{index}"
+    if low <= _slot(plain) < high:
+        return plain
+    for salt in range(1, 100_000):
+        name = f"{stream}:{index}.{salt}"
+        if low <= _slot(name) < high:
+            return name
+    return plain  # unreachable in practice: a few hundred tries find every range
+
+
+_names_cache = {}
+
+
+def names(stream, n=None):
+    """The partition stream keys of ``stream``, in partition order (``[stream]`` when not partitioned)."""
+    n = count(stream) if n is None else n
+    if n <= 1:
+        return [stream]
+    cached = _names_cache.get((stream, n))
+    if cached is None:
+        cached = _names_cache[(stream, n)] = [partition_name(stream, i, n) for i in range(n)]
+    return cached
+
+
+def logical(name):
+    """(logical stream, partition index or None) of a stream key, from the declared partitions."""
+    declared = setting("PARTITIONS") or {}
+    for stream in declared if isinstance(declared, dict) else ():
+        if name.startswith(f"{stream}:") and name in names(stream):
+            return stream, names(stream).index(name)
+    return name, None
+
+
+def index_for_key(key, n):
+    """The partition of a message key: CRC-32 of its UTF-8 bytes, modulo N.
+
+    Stable across processes, restarts and languages (Python's ``hash()`` is salted per process).
+    """
+    return zlib.crc32(key.encode("utf-8")) % n
+
+
+_round_robin = {}
+_round_robin_lock = threading.Lock()
+
+
+def next_index(stream, n):
+    """Round-robin partition for messages without a key (per process)."""
+    with _round_robin_lock:
+        counter = _round_robin.get(stream)
+        if counter is None:
+            counter = _round_robin[stream] = itertools.count()
+        return next(counter) % n
+
+
+def route(stream, key=None):
+    """The stream key a message of ``stream`` with ``key`` goes to."""
+    partitions = names(stream)
+    if len(partitions) == 1:
+        return partitions[0]
+    index = index_for_key(key, len(partitions)) if key is not None else next_index(stream, len(partitions))
+    return partitions[index]
+
+
+def record_key(stream):
+    return f"{keys.hash_tag(stream)}:partitions"
+
+
+_checked = set()
+
+
+def ensure_recorded(conn, stream):
+    """Record ``stream``'s partition names in Redis, or check them against the recorded ones.
+
+    Once per process and stream. Raises PartitionConfigError when the declared layout differs
+    from the recorded one (no record: the plain, unpartitioned stream) and the streams of the
+    recorded layout that the new one drops still hold entries.
+    """
+    wanted = names(stream)
+    if (stream, tuple(wanted)) in _checked:
+        return wanted
+    raw = conn.get(record_key(stream))
+    recorded = json.loads(raw) if raw else [stream]
+    if recorded != wanted:
+        sizes = {name: conn.xlen(name) for name in recorded if name not in wanted}
+        held = {name: size for name, size in sizes.items() if size}
+        if held:
+            raise PartitionConfigError(
+                f"stream {stream!r} has {len(recorded)} partition(s) in Redis and STREAMS['PARTITIONS'] "
+                f"now declares {len(wanted)}; {', '.join(map(repr, sorted(held)))} still hold {sum(held.values())} "
+                f"entries. Changing the count would move keys to other partitions (and break per-key "
+                f"order), so it is refused. To migrate, declare a new stream name with the new count, "
+                f"publish there, and let the old stream's consumers drain it before you remove it; or "
+                f"put the old count back in STREAMS['PARTITIONS']."
+            )
+        if len(wanted) > 1:
+            conn.set(record_key(stream), json.dumps(wanted))
+        else:
+            conn.delete(record_key(stream))
+    _checked.add((stream, tuple(wanted)))
+    return wanted
+
+
+def forget_checks(**kwargs):
+    """Drop the per-process cache of checked layouts (settings changed; tests flush Redis)."""
+    _checked.clear()
+
+
+setting_changed.connect(forget_checks, weak=False)
