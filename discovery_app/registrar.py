@@ -22,7 +22,7 @@ import signal
 import threading
 
 from discovery_app.conf import get_settings
-from discovery_app.connection import TRANSIENT_ERRORS
+from discovery_app.connection import TRANSIENT_ERRORS, recover
 from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registry import ServiceRegistry, build_instance
 from discovery_app.short_timeout import dedicated_registry_connection
@@ -219,6 +219,8 @@ class Registrar:
                 # Transient (connection lost) or not (OOM, READONLY during a failover, a bug): a
                 # heartbeat thread that dies leaves a live instance unlisted for good, so it backs
                 # off and tries again, re-registering in full when it gets through.
+                if self.registry is not None:
+                    recover(self.registry.connection)  # its scripts go to nodes directly: follow a failover
                 failures += 1
                 backoff = backoff_delay(failures, first=0.2, cap=min(self.backoff_max, self.interval))
                 registered = registered and isinstance(exc, TRANSIENT_ERRORS)

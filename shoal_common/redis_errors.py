@@ -52,3 +52,12 @@ def is_oom(exc):
 def is_no_permission(exc):
     """The Redis user's ACL forbids the command (a least-privilege user; see "Redis ACL" in the docs)."""
     return isinstance(exc, redis.exceptions.NoPermissionError) or _says(exc, "NOPERM")
+
+
+def is_unblocked(exc):
+    """A blocked command cut short because its node stopped being a master (``-UNBLOCKED ...``).
+
+    What a blocking XREADGROUP gets during a planned failover (CLUSTER FAILOVER): transient like
+    a lost connection, but a plain ResponseError, so it cannot sit in TRANSIENT_ERRORS.
+    """
+    return _says(exc, "UNBLOCKED")

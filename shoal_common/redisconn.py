@@ -14,6 +14,7 @@ pipeline refuses scripts; a plain pipeline on the node that holds the slot runs 
 """
 import os
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -51,6 +52,29 @@ def node_client(conn, key):
     if is_cluster(conn):
         return conn.get_redis_connection(conn.get_node_from_key(key))
     return conn
+
+
+_RECOVER_EVERY = 1.0  # seconds: at most one topology refresh per client per second
+_recovered_at = {}
+
+
+def recover(conn):
+    """After a transient error on a node-direct path: refresh a cluster client's slot map.
+
+    The cluster client refreshes it itself when one of its own commands meets a dead node or a
+    MOVED; a plain node client or pipeline (``node_client``, ``slot_pipeline``) does not, and would
+    keep asking a dead master after its replica took over. Best effort: the cluster may be down.
+    """
+    if not is_cluster(conn):
+        return
+    now = time.monotonic()
+    if now - _recovered_at.get(id(conn), 0.0) < _RECOVER_EVERY:
+        return
+    _recovered_at[id(conn)] = now
+    try:
+        conn.nodes_manager.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException):
+        pass  # the next error tries again
 
 
 def slot_pipeline(conn, key, transaction=False):

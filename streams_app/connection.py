@@ -4,7 +4,9 @@ One server or a Redis Cluster: the per-node helpers are shoal_common.redisconn's
 """
 from shoal_common import connections
 from shoal_common.connections import TRANSIENT_ERRORS  # noqa: F401  (re-exported: the apps' modules import it here)
-from shoal_common.redisconn import is_cluster, node_client, per_slot, slot_pipeline  # noqa: F401  (re-exported)
+from shoal_common.redisconn import (  # noqa: F401  (re-exported)
+    is_cluster, node_client, per_slot, recover, slot_pipeline,
+)
 from streams_app.conf import setting
 
 

@@ -24,6 +24,16 @@ class PartialPublishError(PublishError):
         self.cause = cause
 
 
+class NotReplicatedError(PublishError):
+    """``publish(..., replicas=n)``: the entry is stored on the master, but fewer than ``n`` replicas
+    confirmed it in time, so a failover right now could lose it. ``id`` is the stored entry's id."""
+
+    def __init__(self, message, *, id, replicas):
+        super().__init__(message)
+        self.id = id
+        self.replicas = replicas
+
+
 class StreamTypeError(StreamsError):
     """A key that should be a stream holds another type; Shoal leaves such a key alone."""
 

@@ -9,9 +9,9 @@ from streams_app import partitions
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS, get_connection, recover, slot_pipeline
 from streams_app.consuming.groups import key_type
-from streams_app.exceptions import PartialPublishError, PublishError
+from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
 
 _PIPELINE_CHUNK = 1000
 
@@ -109,14 +109,24 @@ def _check_maxlen(maxlen):
 
 
 def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
-            using="default"):
+            using="default", replicas=None, replicas_timeout_ms=1000):
     """Append one message; return its entry id (None when queued on ``pipeline``).
 
     ``outbox=True``: write it to the transactional outbox of database ``using`` instead, in the
     caller's transaction (streams_app/outbox); the relay publishes it after the commit. Returns
     the message key (generated when not given).
+
+    ``replicas=n``: also wait (``WAIT n replicas_timeout_ms``) until n replicas have the entry, and
+    raise NotReplicatedError (with the stored ``id``) when fewer confirm in time. Replication is
+    asynchronous otherwise: an entry a master acknowledged and then lost in a crash is gone.
     """
     validate_stream_name(stream)
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
+        raise PublishError(f"replicas must be a positive integer or None, not {replicas!r}")
+    if replicas is not None and pipeline is not None:
+        raise PublishError("replicas= cannot be used with pipeline=: WAIT must follow the write on its connection")
+    if replicas is not None and outbox:
+        raise PublishError("replicas= cannot be used with outbox=True: the relay publishes later, on its own connection")
     _check_maxlen(maxlen)
     if outbox:
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
@@ -131,12 +141,44 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
         return None
     conn = get_connection()
     try:
+        if replicas is not None:
+            return _publish_replicated(conn, stream, fields, maxlen, replicas, replicas_timeout_ms)
         entry_id = _xadd(conn, stream, fields, maxlen)
     except redis.ResponseError as exc:
         if not is_wrongtype(exc):
             raise
         raise _not_a_stream(conn, stream) from None
     return to_text(entry_id)
+
+
+def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
+    # WAIT counts the replicas that have this connection's writes, so both go on one connection:
+    # a pipeline on the node that holds the stream.
+    pipe = slot_pipeline(conn, stream)
+    _xadd(pipe, stream, fields, maxlen)
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    try:
+        entry_id, confirmed = pipe.execute(raise_on_error=False)
+    except TRANSIENT_ERRORS:
+        recover(conn)  # a node pipeline does not follow a failover by itself
+        raise
+    if isinstance(entry_id, Exception):
+        if isinstance(entry_id, TRANSIENT_ERRORS):
+            recover(conn)
+        raise entry_id
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    if isinstance(confirmed, Exception):
+        # Stored, but WAIT was cut short (-UNBLOCKED: the master became a replica in a failover).
+        recover(conn)
+        raise NotReplicatedError(
+            f"entry {entry_id} of {stream!r} is stored but its replication is unknown: WAIT failed "
+            f"({confirmed}); a failover is under way", id=entry_id, replicas=0)
+    if confirmed < replicas:
+        raise NotReplicatedError(
+            f"entry {entry_id} of {stream!r} is stored on its master but only {confirmed} of {replicas} "
+            f"replica(s) confirmed it within {timeout_ms} ms; a failover now could lose it",
+            id=entry_id, replicas=confirmed)
+    return entry_id
 
 
 def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default"):
@@ -232,11 +274,12 @@ def _send_partitioned(conn, stream, targets, batch, maxlen, done):
             _xadd(pipe, target, batch[i], maxlen)
         try:
             stored = pipe.execute()
+        except (*TRANSIENT_ERRORS, redis.exceptions.ReadOnlyError) as exc:
+            recover(conn)  # a node pipeline does not follow a failover by itself
+            raise _partial(stream, done + _prefix(replies), len(batch) - len(_prefix(replies)), exc) from None
         except redis.ResponseError as exc:
             if is_wrongtype(exc) and not done and all(r is None for r in replies):
                 raise _not_a_stream(conn, target) from None
-            raise _partial(stream, done + _prefix(replies), len(batch) - len(_prefix(replies)), exc) from None
-        except TRANSIENT_ERRORS as exc:
             raise _partial(stream, done + _prefix(replies), len(batch) - len(_prefix(replies)), exc) from None
         for i, entry_id in zip(positions, stored):
             replies[i] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id

@@ -99,6 +99,11 @@ class RedisClusterServer:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
+    def restart_node(self, port):
+        """Start a killed node again on its port and data directory: it rejoins the cluster it knew."""
+        self._start_node(port)
+        wait_for(lambda: self._pings(port), timeout=15, what=f"cluster node on port {port} again")
+
     def _pings(self, port):
         if self.processes[port].poll() is not None:
             raise RuntimeError(f"cluster node on port {port} exited with {self.processes[port].returncode}")

@@ -29,8 +29,8 @@ from streams_app.deadletters import store as deadletters
 from streams_app.consuming import liveness
 
 from streams_app.metrics import consumer as metrics
-from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, node_client, slot_pipeline
+from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom, is_unblocked
+from streams_app.connection import TRANSIENT_ERRORS, node_client, recover, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
@@ -151,6 +151,11 @@ class GroupLoop:
                 # At maxmemory: only a missing group's creation gets here (reads and acks work).
                 refusals.refused("group", exc)
                 self.shutdown.wait(REFUSED_RETRY_SECONDS)
+                return
+            # "UNBLOCKED the stream key no longer exists" is a lost group; any other UNBLOCKED means
+            # the node of a blocked read became a replica: a failover.
+            if is_unblocked(exc) and not is_lost_group(exc):
+                self._redis_down(exc)
                 return
             if not is_lost_group(exc):
                 raise
@@ -557,6 +562,7 @@ class GroupLoop:
 
     def _redis_down(self, exc):
         self.failures += 1
+        recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
         if self.failures == 1:
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
         self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))

@@ -27,7 +27,7 @@ from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection, node_client
+from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection, node_client, recover
 from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
@@ -202,6 +202,7 @@ class Worker:
             liveness.beat(get_connection(), self.streams, self.name, ttl * 1000)
             self.liveness_due = now + ttl / 3
         except TRANSIENT_ERRORS:
+            recover(get_connection())  # liveness scripts go to nodes directly: follow a failover
             self.liveness_due = now + 1.0  # the read loops report the outage; try again soon
             return
         except redis.ResponseError as exc:

@@ -160,3 +160,35 @@ def test_a_consumer_started_while_redis_is_down_waits_for_it(redis_factory, run_
     client.xadd("jobs", {"payload": "{}"})
     wait_for(lambda: client.llen("handled:jobs:a") == 1, timeout=60, what="the entry handled once Redis is up")
     assert proc.proc.poll() is None
+
+
+def test_a_read_cut_short_because_its_master_became_a_replica_is_transient(redis_factory, use_redis, settings):
+    """CLUSTER FAILOVER turns the old master into a replica, which ends blocked reads with -UNBLOCKED.
+
+    Found by test_failover.py (a read loop crashed, its worker exited); reproduced here on one server
+    turned into a replica with REPLICAOF, which does the same to its blocked clients.
+    """
+    import threading
+
+    master, other = redis_factory(), redis_factory()
+    use_redis(master)
+    settings.STREAMS = {**settings.STREAMS, "CLAIM_INTERVAL_MS": 60_000}
+    master.client().xgroup_create("jobs", "a", id="$", mkstream=True)
+    loop = make_loop("jobs", BLOCK_MS=10_000, CLAIM_INTERVAL_MS=60_000)
+    errors = []
+
+    def step():
+        try:
+            loop.step()
+        except Exception as exc:  # noqa: BLE001 - what the read loop would die of
+            errors.append(exc)
+
+    reader = threading.Thread(target=step)
+    reader.start()
+    node = master.client()
+    wait_for(lambda: any(c.get("cmd") == "xreadgroup" for c in node.client_list()), timeout=30, what="a blocked read")
+    node.replicaof("127.0.0.1", other.port)
+    reader.join(30)
+    node.replicaof("no", "one")
+    assert not reader.is_alive() and not errors, errors
+    assert loop.failures == 1  # taken as an outage: backed off, will retry

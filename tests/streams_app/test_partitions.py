@@ -103,6 +103,7 @@ def test_a_plain_stream_with_entries_cannot_become_partitioned(redis, settings):
 def test_a_consumer_reads_every_partition_and_the_lag_is_summed(partitioned, redis, make_loop):
     specs = select(["orders:p"])
     assert [spec.stream for spec in specs] == partitioned and {spec.logical for spec in specs} == {"orders"}
+    assert select([f"{partitioned[2]}:p"]) == [specs[2]]  # one partition only
     ids = publish_many("orders", [{"n": n} for n in range(60)], keys=[f"c{n % 7}" for n in range(60)])
     lags = read_lags(get_connection(), specs)
     assert sum(lag.lag for lag in lags) == 60

@@ -101,3 +101,13 @@ def test_publish_command_refuses_key_with_many_messages(redis, monkeypatch):
     with pytest.raises(CommandError, match="--key"):
         call_command("publish", "orders", "-", "--key", "k")
     assert not redis.exists("orders")
+
+
+def test_publish_waiting_for_replicas_says_when_none_confirmed(redis):
+    from streams_app.exceptions import NotReplicatedError
+
+    with pytest.raises(NotReplicatedError, match="0 of 1 replica") as raised:
+        publish("jobs", {"n": 1}, replicas=1, replicas_timeout_ms=50)  # this Redis has no replica
+    assert redis.xrange("jobs")[0][0] == raised.value.id  # stored on the master all the same
+    with pytest.raises(PublishError, match="replicas must be a positive integer"):
+        publish("jobs", {"n": 1}, replicas=0)

@@ -329,3 +329,12 @@ def outbox_order_effect(message):
 # -- partitioned streams (tests/streams_app/test_partitions.py; STREAMS["PARTITIONS"] there) ----
 
 consumer("orders", group="p", max_deliveries=2, retry_backoff=0.05)(behave)
+
+
+@consumer("failover", group="f", retry_backoff=0.05)
+def record_outside_redis(message):
+    """Appends "stream id" to a file of this process (tests/streams_app/test_failover.py): the record of
+    what was handled must not live in the Redis being failed over, where an un-replicated write may vanish."""
+    path = f"{os.environ['SHOAL_TEST_RECORD_FILE']}.{os.getpid()}"
+    with open(path, "a") as out:
+        out.write(f"{message.stream} {message.id}\n")
