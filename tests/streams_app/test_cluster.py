@@ -17,6 +17,7 @@ from streams_app.conf import get_settings
 from streams_app.connection import dedicated_connection, get_connection
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.worker import Shutdown, Worker
+from streams_app.keys import liveness_key
 from streams_app.registry import ConsumerSpec
 from tests.redis_cluster import RedisClusterServer
 from tests.testapp.consumers import behave
@@ -80,7 +81,7 @@ def test_ghost_a_paused_consumer_connected_to_a_non_default_node_is_not_taken_ov
     cluster.xgroup_create(stream, "a", id="0", mkstream=True)
     ids = publish_many(stream, [{"n": i} for i in range(3)])
     cluster.xreadgroup("a", "frozen", {stream: ">"})
-    cluster.hset("{%s}:consumers" % stream, "frozen", 1)  # its liveness deadline lapsed long ago
+    cluster.hset(liveness_key(stream), "frozen", 1)  # its liveness deadline lapsed long ago
     loop = make_loop(stream, PENDING_TIMEOUT_MS=600_000, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=0.01)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:  # many claim passes

@@ -9,6 +9,7 @@ from streams_app import partitions, publish, publish_many
 from streams_app.connection import get_connection
 from streams_app.deadletters.replay import replay
 from streams_app.exceptions import PartitionConfigError
+from streams_app.keys import dead_letter_key
 from streams_app.metrics.consumer import BacklogCollector
 from streams_app.registry import select
 from streams_app.supervisor.lag import read_lags
@@ -117,8 +118,8 @@ def test_dead_letters_stay_in_their_partition_and_replay_puts_them_back_there(pa
     entry = publish("orders", {"fail": "always"}, key="customer-42")
     home = partitioned[5]
     loops = [make_loop(f"{name}:p") for name in partitioned]
-    run_until(loops, lambda: redis.xlen("{%s}:dlq" % home) == 1)
-    [(letter_id, letter)] = redis.xrange("{%s}:dlq" % home)
+    run_until(loops, lambda: redis.xlen(dead_letter_key(home)) == 1)
+    [(letter_id, letter)] = redis.xrange(dead_letter_key(home))
     assert letter["origin_id"] == entry and letter["origin_stream"] == home
     result = replay("orders", "p", ids=[letter_id])
     assert [i for i, _ in result.replayed] == [letter_id] and not result.skipped
