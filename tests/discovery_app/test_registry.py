@@ -192,3 +192,29 @@ def test_metadata_comes_back_exactly_as_given(registry, redis):
     assert registry.heartbeat(instance.instance_id) == "reregistered"
     [found] = registry.instances("orders")
     assert found.extra == metadata and found.last_heartbeat >= instance.last_heartbeat
+
+
+def test_registry_calls_use_the_short_timeout_on_a_client_of_the_right_kind(redis, settings):
+    # On a cluster the short-timeout client must be a cluster client too: a plain client on one
+    # node would meet MOVED for most services.
+    from discovery_app.connection import get_connection
+    from shoal_common.redisconn import is_cluster
+
+    settings.DISCOVERY = {"REDIS_TIMEOUT": 0.75}
+    conn = ServiceRegistry().connection
+    assert is_cluster(conn) == is_cluster(get_connection())
+    kwargs = conn.get_connection_kwargs() if is_cluster(conn) else conn.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 0.75
+
+
+def test_the_sweep_expires_silent_instances_of_every_service(redis, pubsub):
+    # Services in several slots (on a cluster, on several masters): the sweep's scripts run on
+    # one pipeline per node there, as a cluster pipeline refuses scripts.
+    names = ["orders", "billing", "web", "search", "mail", "auth"]
+    registry = ServiceRegistry(ttl=1)
+    deadline = max(registry.register(name, "h", 1).last_heartbeat for name in names) * 1000 + 1000
+    wait_for(lambda: server_ms(redis) > deadline, timeout=15, what="the instances' deadline")
+    assert registry.sweep(period=0.001) == len(names)
+    assert all(redis.hlen(keys.records_key(name)) == 0 for name in names)
+    assert sorted(e["service"] for e in events(pubsub) if e["event"] == "expired") == sorted(names)
+    assert registry.services() == []
