@@ -38,12 +38,14 @@ RETRY_DELAY_MAX = 300.0  # seconds: a row Redis keeps refusing is tried at least
 
 
 def target_stream(stream, key):
-    """Where a row goes. Today the stream itself.
-
-    The hook for partitioned streams (the Redis Cluster issue): when a direct ``publish`` routes a
-    message to a partition by its key, this must call the same router, so that an outbox publish and
-    a direct publish of one key land in the same partition, in order.
+    """Where a row goes: the stream, or for a partitioned stream the partition a direct ``publish``
+    of the same key goes to (streams_app.partitions.route), so both land in one partition, in order.
+    Outbox rows always have a key, so this never round-robins.
     """
+    from streams_app import partitions
+
+    if partitions.is_partitioned(stream):
+        return partitions.route(stream, key)
     return stream
 
 

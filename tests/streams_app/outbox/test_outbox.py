@@ -158,3 +158,13 @@ def test_the_relay_publishes_the_backlog_gauges(redis, relay):
     assert REGISTRY.get_sample_value("shoal_outbox_rows", {"database": "default"}) == 1
     assert REGISTRY.get_sample_value("shoal_outbox_failing_rows", {"database": "default"}) == 1
     assert REGISTRY.get_sample_value("shoal_outbox_oldest_seconds", {"database": "default"}) >= 90
+
+
+def test_the_relay_routes_a_partitioned_streams_rows_as_a_direct_publish_does(settings):
+    from streams_app import partitions
+    from streams_app.outbox.relay import target_stream
+
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 6}}
+    for key in ("order-1", "order-2", "order-42"):
+        assert target_stream("orders", key) == partitions.route("orders", key)
+    assert target_stream("jobs", "order-1") == "jobs"
