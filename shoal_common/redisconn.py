@@ -12,6 +12,7 @@ per-node commands (CLIENT LIST/UNBLOCK/ID, INFO) go to ``node_client(conn, key)`
 scripts that share a pipeline with other commands use ``slot_pipeline(conn, key)`` (a cluster
 pipeline refuses scripts; a plain pipeline on the node that holds the slot runs them).
 """
+import logging
 import os
 import threading
 import time
@@ -137,6 +138,13 @@ def probe_cluster_mode(url, timeout=5):
     client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.exceptions.NoPermissionError:
+        # A least-privilege user may not run INFO (@dangerous): take a single server; a cluster's
+        # users say so with redis+cluster://, which asks nothing.
+        logging.getLogger("shoal_common").warning(
+            "This Redis user may not run INFO, so Shoal cannot tell a cluster from a single server at %s; "
+            "taking a single server. On a Redis Cluster use a redis+cluster:// URL.", url.split("@")[-1])
+        return False
     finally:
         client.close()
 

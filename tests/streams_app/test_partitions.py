@@ -120,11 +120,11 @@ def test_dead_letters_stay_in_their_partition_and_replay_puts_them_back_there(pa
     loops = [make_loop(f"{name}:p") for name in partitioned]
     run_until(loops, lambda: redis.xlen(dead_letter_key(home)) == 1)
     [(letter_id, letter)] = redis.xrange(dead_letter_key(home))
-    assert letter["origin_id"] == entry and letter["origin_stream"] == home
+    assert letter["shoal:origin_id"] == entry and letter["shoal:origin_stream"] == home
     result = replay("orders", "p", ids=[letter_id])
     assert [i for i, _ in result.replayed] == [letter_id] and not result.skipped
     [(new_id, fields)] = redis.xrange(home, min="(" + entry, max="+")
-    assert fields["replay_of"] == entry and fields["target_group"] == "p"
+    assert fields["shoal:replay_of"] == entry and fields["shoal:target_group"] == "p"
     assert replay("orders", "p", ids=["1-1"]).skipped == {"1-1": "missing"}
 
 
