@@ -60,3 +60,7 @@ class HandlerShapeError(StreamsError, TypeError):
 
 class PartitionConfigError(StreamsError):
     """STREAMS["PARTITIONS"] declares another layout than the one a stream's entries are in."""
+
+
+class HandlerCancelledError(StreamsError):
+    """An async handler's task was cancelled by the handler (or a library it called), not by Shoal: the entry fails."""

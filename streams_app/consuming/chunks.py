@@ -8,7 +8,8 @@ Whatever a handler raises is a failure of its message, never an escape: ``Except
 thread never receives the interpreter's own signals (Python delivers them to the main thread,
 where the worker handles SIGTERM/SIGINT itself), so such an exception always came from handler
 code. The one exception passed through is ``asyncio.CancelledError`` while the worker itself is
-cancelling the chunk at the end of the shutdown timeout: that entry stays pending for takeover.
+cancelling the chunk at the end of the shutdown timeout: that entry stays pending for takeover. A
+cancel the handler brought on itself (``asyncio.current_task().cancel()``) is its failure.
 """
 import asyncio
 import inspect
@@ -20,7 +21,8 @@ from django.db import close_old_connections
 
 from shoal_common.logsummary import RepeatSummary
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
-from streams_app.exceptions import HandlerShapeError, PayloadDecodeError
+from streams_app.consuming.eventloop import cancelled_by_shutdown
+from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError
 from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")
@@ -182,8 +184,12 @@ def _checked(handler):
     return call
 
 
-def _did_not_run(result):
-    """Why ``result`` shows the handler's body did not run, or None. Discards the unrun object."""
+def _did_not_run(result, awaited=False):
+    """Why ``result`` shows the handler's body did not run, or None. Discards the unrun object.
+
+    ``awaited``: the handler is an async def that Shoal awaited, so its body ran; what it returned
+    is an awaitable it created and did not await (a missing ``await`` on its last call).
+    """
     if inspect.isgenerator(result) or inspect.isasyncgen(result):
         if inspect.isgenerator(result):
             result.close()
@@ -192,6 +198,10 @@ def _did_not_run(result):
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # no "coroutine was never awaited" warning on top of this error
+        if awaited:
+            return (f"the async handler ran, then returned an awaitable ({type(result).__name__}) that nobody "
+                    "awaited: a missing await (return await ...)? Whatever that awaitable was to do did not "
+                    "happen, so the entry fails; a retry runs the handler's body again.")
         return ("the handler returned an awaitable instead of running it: Shoal took it for a sync handler "
                 "(a sync decorator around an async def?). Declare the handler itself with async def, or mark "
                 "the wrapper with asgiref.sync.markcoroutinefunction(), so Shoal awaits it.")
@@ -219,11 +229,13 @@ class _DbHygiene:
     """
 
     last = 0.0
+    after_failure = False  # a handler failed since the last check: check before the next one
 
-    async def check(self, force=False):
+    async def check(self):
         now = time.monotonic()
-        if force or now - self.last >= DB_CHECK_INTERVAL:
+        if self.after_failure or now - self.last >= DB_CHECK_INTERVAL:
             self.last = now
+            self.after_failure = False
             await _close_old_connections()
 
 
@@ -233,7 +245,9 @@ _db = _DbHygiene()
 async def run_chunk_async(handler, messages, guard=None, budget=None):
     """Await the ``async def`` ``handler`` on each message in turn; return a ChunkResult.
 
-    The guard's Redis round trips run in a thread, off the loop.
+    The guard's Redis round trips run in a thread, off the loop. Nothing is awaited between the
+    last handler's return and the result (without a guard): another coroutine that blocks the loop
+    must not hold back the ack of this one (see eventloop._settling).
     """
     await _db.check()
     chunk = Chunk(messages, guard, budget)
@@ -249,11 +263,19 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
             try:
                 result = await handler(message)
             except BaseException as exc:  # see the module docstring
-                if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
-                    raise  # the worker's shutdown cancels the chunk: its entries stay pending
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and task.cancelling():
+                    if cancelled_by_shutdown(task):
+                        raise  # the worker's shutdown cancels the chunk: its entries stay pending
+                    while task.uncancel():  # consumed here: the chunk's next awaits must not be cancelled
+                        pass
+                    detail = f": {exc}" if str(exc) else ""
+                    exc = HandlerCancelledError(
+                        "the handler's task was cancelled, not by Shoal (asyncio.current_task().cancel() in the "
+                        f"handler, or a library cancelling the task it runs in){detail}").with_traceback(exc.__traceback__)
                 chunk.failed(message, exc)
             else:
-                reason = None if result is None else _did_not_run(result)
+                reason = None if result is None else _did_not_run(result, awaited=True)
                 if reason:
                     chunk.failed(message, HandlerShapeError(reason))
                 else:
@@ -263,5 +285,6 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
     except asyncio.CancelledError:
         chunk.abandon()
         raise
-    await _db.check(force=bool(chunk.errored))
+    if chunk.errored:
+        _db.after_failure = True  # the error that broke a connection is almost always the handler's own
     return chunk.close(left)

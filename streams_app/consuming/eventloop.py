@@ -6,21 +6,43 @@ the very code it uses for threads. At most ``concurrency`` chunks run at once in
 (one semaphore for all groups); the others wait for a slot, their entries pending like those queued
 for a busy thread pool.
 
+Results leave the loop the moment a chunk returns: the coroutine itself settles the read loop's
+Future, with no further trip through the event loop. A handler that blocks the loop (a
+``time.sleep`` or a sync client in an ``async def``) must not hold back the acks of handlers that
+already returned: they would be delivered again, and dead-lettered if that repeats.
+
 Stopping: the read loops first await in-flight chunks until the shutdown deadline, then
 ``shutdown()`` cancels what still runs. A cancelled chunk acks nothing: its entries stay pending for
-takeover, exactly like those of a handler thread that outlived the timeout.
+takeover, exactly like those of a handler thread that outlived the timeout. Tasks a handler spawned
+and did not await (``asyncio.create_task``) are cancelled at the same time.
 """
 import asyncio
 import concurrent.futures
-import functools
 import logging
 import threading
 import time
+import weakref
 
 logger = logging.getLogger("streams_app.consumer")
 
 # Seconds cancelled coroutines get to unwind (their finally blocks) before the worker exits.
 CANCEL_GRACE = 2.0
+
+# Tasks that EventLoopRunner.shutdown() cancelled. Any other cancel of a chunk's task came from the
+# handler itself (asyncio.current_task().cancel(), a library cancelling the wrong task): a failure
+# of its message, not a shutdown.
+_shutdown_cancelled = weakref.WeakSet()
+
+
+def cancel_for_shutdown(task):
+    """Cancel ``task`` as the worker stopping does: its chunk acks nothing and re-raises."""
+    _shutdown_cancelled.add(task)
+    task.cancel()
+
+
+def cancelled_by_shutdown(task):
+    """Whether ``task``'s cancel came from the worker stopping (its entries then stay pending)."""
+    return task in _shutdown_cancelled
 
 
 class EventLoopRunner:
@@ -30,6 +52,7 @@ class EventLoopRunner:
         self.limit = asyncio.Semaphore(concurrency)
         self._clock = clock  # the heartbeat's clock (supervisor.heartbeat): monotonic, never the wall
         self._stopping = False
+        self._chunks = set()  # the tasks running chunks (not those a handler spawned itself)
         # Progress, for the supervisor's heartbeat (as ProgressExecutor for threads). Written only
         # in the loop's thread; the heartbeat reads two ints, which needs no lock.
         self.running = 0
@@ -51,7 +74,7 @@ class EventLoopRunner:
 
     def submit(self, fn, /, *args):
         """Run ``await fn(*args)`` on the loop, within the concurrency bound; a concurrent Future."""
-        return asyncio.run_coroutine_threadsafe(self._bounded(fn, args), self.loop)
+        return self.submit_many(fn, [args])[0]
 
     def submit_many(self, fn, argsets):
         """``submit(fn, *args)`` for each of ``argsets`` with one wake-up of the loop; a Future each.
@@ -65,16 +88,30 @@ class EventLoopRunner:
 
     def _start_many(self, fn, argsets, futures):
         for args, future in zip(argsets, futures):
-            task = self.loop.create_task(self._bounded(fn, args))
-            task.add_done_callback(functools.partial(_settle, future))
+            task = self.loop.create_task(self._settling(future, fn, args))
+            self._chunks.add(task)
+            task.add_done_callback(self._chunks.discard)
 
-    async def _bounded(self, fn, args):
-        async with self.limit:
-            self._mark(1)
-            try:
-                return await fn(*args)
-            finally:
-                self._mark(-1)
+    async def _settling(self, future, fn, args):
+        """``await fn(*args)`` and settle ``future`` right away, not in a done callback.
+
+        A done callback runs on a later turn of the loop, after whatever coroutine is ready next:
+        if that one blocks the loop, the result (and its ack) would wait for it.
+        """
+        try:
+            async with self.limit:
+                self._mark(1)
+                try:
+                    result = await fn(*args)
+                finally:
+                    self._mark(-1)
+        except asyncio.CancelledError:
+            _settle(future, cancelled=True)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the read loop, which counts a failed delivery
+            _settle(future, exc=exc)
+        else:
+            _settle(future, result=result)
 
     def _mark(self, delta):
         self.running += delta
@@ -105,23 +142,29 @@ class EventLoopRunner:
         tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         if not tasks:
             return 0
-        logger.warning("Consumer: cancelling %d async handler tasks still running after the shutdown timeout", len(tasks))
+        chunks = sum(task in self._chunks for task in tasks)
+        if chunks:
+            logger.warning("Consumer: cancelling %d async handlers still running after the shutdown timeout", chunks)
+        if len(tasks) > chunks:
+            # Not handlers: tasks a handler started (asyncio.create_task) and did not await. Their
+            # handlers returned and were acked; what these tasks had left to do is lost.
+            logger.warning("Consumer: cancelling %d tasks that async handlers started without awaiting them "
+                           "(their messages were acked when the handlers returned)", len(tasks) - chunks)
         for task in tasks:
-            task.cancel()
+            cancel_for_shutdown(task)
         _, pending = await asyncio.wait(tasks, timeout=grace)
         return len(pending)
 
 
-def _settle(future, task):
-    """Copy a finished task's outcome to the concurrent Future the read loop waits on."""
-    if task.cancelled():
+def _settle(future, result=None, exc=None, cancelled=False):
+    """Hand a chunk's outcome to the concurrent Future the read loop waits on."""
+    if cancelled:
         future.cancel()
         future.set_running_or_notify_cancel()
         return
     if not future.set_running_or_notify_cancel():
         return
-    exc = task.exception()
     if exc is not None:
         future.set_exception(exc)
     else:
-        future.set_result(task.result())
+        future.set_result(result)

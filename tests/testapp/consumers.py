@@ -338,3 +338,55 @@ def record_outside_redis(message):
     path = f"{os.environ['SHOAL_TEST_RECORD_FILE']}.{os.getpid()}"
     with open(path, "a") as out:
         out.write(f"{message.stream} {message.id}\n")
+
+
+
+_blocker = {"waiting": False}
+_wake = asyncio.Event()  # bound to the worker's event loop on first use
+
+
+@consumer("ablock", group="g", max_deliveries=2, retry_backoff=(0.2, 0.5))
+async def blocks_the_event_loop(message):
+    """``block``: wait for a ``wake`` message, then block the whole event loop (a sync call in an
+    async def) until the key ``release:ablock`` exists. ``wake`` sets the event and returns at once:
+    the blocker's wake-up is queued before the waker's own completion, as when any coroutine that
+    blocks happens to run right after a handler returns. Other payloads are handled at once."""
+    payload = message.payload
+    if payload.get("block") and message.deliveries == 1:  # a takeover after the test just finishes
+        conn = get_connection()
+        _blocker["waiting"] = True
+        await _wake.wait()
+        record("started", message)
+        deadline = time.monotonic() + 120
+        while not conn.exists("release:ablock") and time.monotonic() < deadline:
+            time.sleep(0.05)  # blocking: no other coroutine of this process runs meanwhile
+        return
+    if payload.get("wake"):
+        while not _blocker["waiting"]:
+            await asyncio.sleep(0.01)
+        record("handled", message)
+        _wake.set()
+        return  # nothing awaited between the set and the return
+    record("handled", message)
+
+
+@consumer("acancel", group="g", max_deliveries=2, retry_backoff=0.05)
+async def cancels_its_own_task(message):
+    record("started", message)
+    asyncio.current_task().cancel()
+    await asyncio.sleep(0.1)
+
+
+@consumer("aforgot", group="g", max_deliveries=2, retry_backoff=0.05)
+async def forgets_an_await(message):
+    record("started", message)
+    return asyncio.sleep(0)
+
+
+@consumer("aspawn", group="g")
+async def spawns_and_forgets(message):
+    async def later():
+        await asyncio.sleep(600)
+
+    asyncio.get_running_loop().create_task(later())
+    record("handled", message)

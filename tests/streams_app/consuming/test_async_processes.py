@@ -92,7 +92,7 @@ def test_coroutines_still_running_at_the_shutdown_timeout_are_cancelled_and_stay
     wait_for(lambda: len(listed(redis, "started", "ajobs", "a")) == 5, timeout=60, what="5 coroutines started")
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
-    assert "cancelling 5 async handler tasks" in proc.output()
+    assert "cancelling 5 async handlers still running" in proc.output()
     assert pending_ids(redis, "ajobs", "a") == set(ids)  # not acked, ready for takeover
     assert listed(redis, "handled", "ajobs", "a") == []
 
@@ -245,3 +245,78 @@ def test_a_worker_whose_coroutines_are_all_stuck_is_replaced_when_its_heartbeat_
     master.signal(signal.SIGTERM)
     assert master.wait(30) == 0, master.output()
     assert pending_ids(redis, "ajobs", "a") == {entry}  # never acked: it is taken over, not lost
+
+
+# -- trial findings (helpers/findings/trial-async.md) ---------------------------------------------
+
+def test_handlers_that_returned_are_acked_while_another_coroutine_blocks_the_loop(redis, run_consumer):
+    [blocker] = publish_raw(redis, "ablock", [{"block": True}])
+    fast = publish_raw(redis, "ablock", [*({"n": n} for n in range(4)), {"wake": True}])
+    proc = run_consumer("ablock:g", "--shutdown-timeout", "1")
+    wait_for(lambda: listed(redis, "started", "ablock", "g") == [blocker], timeout=60, what="the loop blocked")
+    # The five returned before the loop blocked: acked though the loop is not free.
+    wait_for(lambda: pending_ids(redis, "ablock", "g") == {blocker}, timeout=30,
+             what="the finished handlers acked while the loop is blocked")
+    proc.signal(signal.SIGTERM)
+    proc.wait(60)  # the blocked loop cannot unwind: the worker exits without it
+    assert pending_ids(redis, "ablock", "g") == {blocker}, proc.output()
+    assert sorted(listed(redis, "handled", "ablock", "g")) == sorted(fast)
+    assert redis.xlen("{ablock}:dlq") == 0
+    # A second consumer runs only the blocked entry again, never the five that returned.
+    redis.set("release:ablock", "1")
+    again = run_consumer("ablock:g", streams={"PENDING_TIMEOUT_MS": 500, "CLAIM_INTERVAL_MS": 200})
+    wait_for(lambda: not pending_ids(redis, "ablock", "g"), timeout=60, what="the blocked entry taken over")
+    assert Counter(listed(redis, "handled", "ablock", "g")) == Counter([*fast, blocker])
+    again.signal(signal.SIGTERM)
+    assert again.wait(30) == 0, again.output()
+
+
+def test_finished_handlers_are_acked_before_the_supervisor_kills_a_worker_whose_loop_is_blocked(redis, run_consumer):
+    [blocker] = publish_raw(redis, "ablock", [{"block": True}])
+    fast = publish_raw(redis, "ablock", [*({"n": n} for n in range(4)), {"wake": True}])
+    proc = run_consumer("ablock:g", "--workers", "1", "--heartbeat-interval", "1", "--heartbeat-timeout", "4",
+                        streams=FAST)
+    proc.wait_for_output("no heartbeat", timeout=90)
+    redis.set("release:ablock", "1")
+    wait_for(lambda: not pending_ids(redis, "ablock", "g"), timeout=90, what="everything acked")
+    assert Counter(listed(redis, "handled", "ablock", "g")) == Counter([*fast, blocker])
+    assert redis.xlen("{ablock}:dlq") == 0
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
+
+
+def test_a_handler_that_cancels_its_own_task_fails_as_a_handler_failure(redis, run_consumer):
+    [entry] = publish_raw(redis, "acancel", [{"n": 1}])
+    proc = run_consumer("acancel:g")
+    wait_for(lambda: redis.xlen("{acancel}:dlq") == 1, timeout=60, what="the entry dead-lettered")
+    [(_, fields)] = redis.xrange("{acancel}:dlq")
+    assert fields["origin_id"] == entry and fields["deliveries"] == "2"
+    assert fields["error"].startswith("HandlerCancelledError: the handler's task was cancelled"), fields["error"]
+    assert "cancels_its_own_task" in fields["traceback"]
+    assert "failed outside its handler" not in proc.output()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_an_async_handler_returning_an_awaitable_fails_with_a_message_saying_its_body_ran(redis, run_consumer):
+    [entry] = publish_raw(redis, "aforgot", [{"n": 1}])
+    proc = run_consumer("aforgot:g")
+    wait_for(lambda: redis.xlen("{aforgot}:dlq") == 1, timeout=60, what="the entry dead-lettered")
+    [(_, fields)] = redis.xrange("{aforgot}:dlq")
+    assert "HandlerShapeError: the async handler ran, then returned an awaitable" in fields["error"], fields["error"]
+    assert "missing await" in fields["error"] and "took it for a sync handler" not in fields["error"]
+    assert listed(redis, "started", "aforgot", "g") == [entry, entry]  # the body ran on each delivery
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_tasks_a_handler_spawned_are_cancelled_at_shutdown_with_a_truthful_log(redis, run_consumer):
+    ids = publish_raw(redis, "aspawn", [{"n": n} for n in range(3)])
+    proc = run_consumer("aspawn:g")
+    wait_for(lambda: len(listed(redis, "handled", "aspawn", "g")) == 3 and not pending_ids(redis, "aspawn", "g"),
+             timeout=60, what="3 handled and acked")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "cancelling 3 tasks that async handlers started without awaiting them" in proc.output()
+    assert "async handlers still running" not in proc.output()
+    assert sorted(listed(redis, "handled", "aspawn", "g")) == sorted(ids)

@@ -6,6 +6,7 @@ import warnings
 import pytest
 
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.eventloop import cancel_for_shutdown
 from streams_app.consuming.outcomes import Status, exception_text
 from streams_app.exceptions import HandlerShapeError
 from streams_app.message import Message
@@ -59,11 +60,24 @@ def test_async_chunk_cancelled_by_the_worker_acks_nothing():
 
         task = asyncio.create_task(run_chunk_async(handler, [message(1)]))
         await started.wait()
-        task.cancel()
+        cancel_for_shutdown(task)
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(main())
+
+
+def test_a_cancel_that_did_not_come_from_the_worker_fails_the_message():
+    async def main():
+        async def handler(message):
+            asyncio.current_task().cancel()
+            await asyncio.sleep(60)
+
+        return await run_chunk_async(handler, [message(1)])
+
+    result = asyncio.run(main())
+    [outcome] = result.failed
+    assert result.acked == [] and type(outcome.error).__name__ == "HandlerCancelledError"
 
 
 def test_a_sync_handler_returning_a_coroutine_or_generator_fails_without_a_never_awaited_warning():
