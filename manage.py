@@ -46,9 +46,10 @@ def main():
         execute_from_command_line(sys.argv)
     except ConsumerConfigError as exc:
         # Django imports every consumers.py at start-up; an invalid @consumer there (a generator
-        # handler, an unknown option) is a configuration error: exit 3 with the reason (the exit-code
-        # table of docs/operations.md), so a service manager does not restart it in a loop.
-        sys.stderr.write(f"Configuration error in a @consumer declaration: {exc}\n")
+        # handler, an unknown option) or any error importing it (a missing dependency) is a
+        # configuration error: exit 3 with the reason (the exit-code table of docs/operations.md),
+        # so a service manager does not restart it in a loop.
+        sys.stderr.write(f"Configuration error in consumers.py: {exc}\n")
         sys.exit(3)
     except ImproperlyConfigured as exc:
         # A bad setting (SECRET_KEY unset, LOG_FORMAT=xml, ...) is found while the settings load, before

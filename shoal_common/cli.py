@@ -1,5 +1,8 @@
 """Pieces shared by the management commands: argparse types that explain themselves, verbosity to log level."""
 import logging
+import math
+
+from shoal_common.exitcodes import EXIT_CONFIG
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -37,6 +40,31 @@ def port(text):
 @_named("positive number")
 def positive_float(text):
     value = float(text)
-    if not value > 0:  # also refuses nan
+    if not (value > 0 and math.isfinite(value)):  # also refuses nan and inf
         raise ValueError(text)
     return value
+
+
+@_named("number of seconds (0 or more)")
+def non_negative_seconds(text):
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):  # nan would cancel at once, inf wait forever
+        raise ValueError(text)
+    return value
+
+
+def bad_flags_exit_config(parser):
+    """Make a malformed flag a configuration error: exit 3 with one line, not argparse's exit 2.
+
+    For the long-running commands exit 2 means EXIT_FORCED (a second TERM: docs/operations.md), and
+    a service manager must not restart a command whose flags can never work.
+    """
+    from django.core.management.base import CommandError
+
+    def error(message):
+        if getattr(parser, "called_from_command_line", False):
+            parser.exit(EXIT_CONFIG, f"{parser.prog}: error: {message} (--help lists the options)\n")
+        raise CommandError(f"Error: {message}", returncode=EXIT_CONFIG)
+
+    parser.error = error
+    return parser

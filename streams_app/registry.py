@@ -2,6 +2,8 @@
 import difflib
 import functools
 import inspect
+import math
+import unicodedata
 from dataclasses import dataclass, field, replace
 
 from asgiref.sync import iscoroutinefunction
@@ -76,6 +78,30 @@ def describe_handler(handler):
 _registry: dict[tuple[str, str], ConsumerSpec] = {}
 
 
+def _check_name(kind, name):
+    """Refuse what cannot be typed on runconsumer's command line or shown in the admin and logs.
+
+    NUL and other control characters, names of only whitespace, lone surrogates (UTF-8, which
+    Redis and PostgreSQL store, cannot encode them): each makes a consumer nobody can select, or a
+    failure far from the declaration (at the first read, in the admin, in PostgreSQL).
+    """
+    if not name.strip():
+        raise ConsumerConfigError(f"{kind} name {name!r} is only whitespace; give it a visible name")
+    for position, char in enumerate(name):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            what = "a lone surrogate" if unicodedata.category(char) == "Cs" else "a control character"
+            raise ConsumerConfigError(f"{kind} name {name!r} holds {what} ({char!r} at position {position}); "
+                                      "names are printable text (letters, digits, '-', '.', '_', ':' in streams)")
+    return name
+
+
+def _finite(number):
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _check_backoff(value):
     """``retry_backoff`` is a base in seconds (doubling per delivery, capped by RETRY_BACKOFF_MAX) or (base, cap)."""
     if value is None:
@@ -84,8 +110,11 @@ def _check_backoff(value):
     if len(pair) != 2:
         raise ConsumerConfigError(f"retry_backoff must be seconds or (base, cap) seconds, not {value!r}")
     for number in pair:
-        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0):
-            raise ConsumerConfigError(f"retry_backoff must be seconds or (base, cap) seconds (0 or more), not {value!r}")
+        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float))
+                                   or not _finite(number) or number < 0):
+            # nan would never be due (no retry, and a crash converting it to ms); inf never either.
+            raise ConsumerConfigError(f"retry_backoff must be seconds or (base, cap) seconds (finite, 0 or more), "
+                                      f"not {value!r}")
     if pair[1] is not None and pair[1] < pair[0]:
         raise ConsumerConfigError(f"retry_backoff cap {pair[1]!r} is below its base {pair[0]!r}")
     return (float(pair[0]), None if pair[1] is None else float(pair[1]))
@@ -137,7 +166,7 @@ def _refuse_unknown(options):
                                   f"Valid options: {', '.join(_OPTIONS)}.")
 
 
-def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
+def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
              retention=None, **options):
     """Register ``handler(message)`` for ``group`` on ``stream``.
 
@@ -151,13 +180,23 @@ def consumer(stream, *, group, start="0", batch=None, max_deliveries=5, retry_ba
     ``handler`` may be a function (run in a handler thread) or an ``async def`` (awaited on the
     worker's event loop). Generator functions and non-callables are refused.
     """
+    if callable(stream):  # @consumer without parentheses: the function came as the stream
+        raise ConsumerConfigError(
+            f"@consumer needs a stream and a group: @consumer('stream', group='...') above def "
+            f"{getattr(stream, '__name__', '...')}, not a bare @consumer.")
+    if stream is None or group is None:
+        given = ([repr(stream)] if stream is not None else []) + ([f"group={group!r}"] if group is not None else [])
+        raise ConsumerConfigError(f"@consumer needs a stream and a group: @consumer({stream or 'stream'!r}, group='...'), "
+                                  f"not @consumer({', '.join(given)}).")
     _refuse_unknown(options)
     try:
         validate_stream_name(stream)
     except PublishError as exc:
         raise ConsumerConfigError(str(exc)) from None
+    _check_name("stream", stream)
     if not isinstance(group, str) or not group:
         raise ConsumerConfigError(f"group must be a non-empty string, not {group!r}")
+    _check_name("group", group)
     if ":" in group:
         # runconsumer selects STREAM:GROUP split at the last ':' (stream names often hold ':'), so a
         # group with ':' could never be selected.

@@ -132,3 +132,42 @@ def test_unknown_options_are_refused_naming_the_closest_valid_one(option, hint):
     with pytest.raises(ConsumerConfigError) as raised:
         consumer("s", group="g", **{option: 1})
     assert str(raised.value).startswith(f"@consumer got an unknown option {option}=1{hint} Valid options: group, ")
+
+
+# -- trial findings: non-finite back-off, unprintable names, a decorator used wrongly -------------
+
+@pytest.mark.parametrize("backoff", [float("nan"), float("inf"), (float("nan"), 1), (0.1, float("inf")),
+                                     (float("-inf"), 1), 10**400])
+def test_non_finite_retry_backoff_is_refused_at_declaration(backoff):
+    with pytest.raises(ConsumerConfigError, match="retry_backoff must be .*finite"):
+        consumer("s", group="g", retry_backoff=backoff)
+
+
+@pytest.mark.parametrize("stream, group, message", [
+    ("s", " ", "group name ' ' is only whitespace"),
+    ("s", "\n", "only whitespace"),
+    ("s", "a\x00b", "control character"),
+    ("s", "a\x1bb", "control character"),
+    ("s", "\ud800", "lone surrogate"),
+    ("a\x00b", "g", "stream name .* control character"),
+    ("\ud800", "g", "stream name .* lone surrogate"),
+    ("a\tb", "g", "control character"),
+])
+def test_unprintable_stream_and_group_names_are_refused_at_declaration(stream, group, message):
+    with pytest.raises(ConsumerConfigError, match=message):
+        consumer(stream, group=group)
+
+
+def test_printable_unicode_names_are_fine(clean_registry):
+    consumer("commandes:été", group="équipe-1")(lambda message: None)
+
+
+def test_consumer_without_a_group_or_without_parentheses_says_how_to_declare_one():
+    with pytest.raises(ConsumerConfigError, match=r"@consumer needs a stream and a group: @consumer\('o', group='...'\)"):
+        consumer("o")
+
+    def handle(message):
+        pass
+
+    with pytest.raises(ConsumerConfigError, match="above def handle, not a bare @consumer"):
+        consumer(handle)

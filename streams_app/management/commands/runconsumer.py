@@ -4,7 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
-from shoal_common.cli import log_level, port, positive_int, positive_float
+from shoal_common.cli import bad_flags_exit_config, log_level, non_negative_seconds, port, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
@@ -31,6 +31,9 @@ class Command(BaseCommand):
         "that forks worker processes, restarts crashed ones, follows the backlog and reloads on SIGHUP."
     )
 
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        return bad_flags_exit_config(super().create_parser(prog_name, subcommand, **kwargs))
+
     def add_arguments(self, parser):
         parser.add_argument("selectors", nargs="*", metavar="STREAM:GROUP",
                             help="Consumers to run, e.g. orders:email. Splits at the last ':'. Default: all registered.")
@@ -40,7 +43,7 @@ class Command(BaseCommand):
                                  "(default STREAMS['ASYNC_CONCURRENCY']).")
         parser.add_argument("--batch", type=positive_int, help="Entries per read (default STREAMS['BATCH_SIZE']).")
         parser.add_argument("--block-ms", type=positive_int, help="How long an idle read blocks, in ms (default STREAMS['BLOCK_MS']).")
-        parser.add_argument("--shutdown-timeout", type=float,
+        parser.add_argument("--shutdown-timeout", type=non_negative_seconds,
                             help="Seconds in-flight handlers get after SIGTERM (default STREAMS['SHUTDOWN_TIMEOUT']).")
         pool = parser.add_argument_group("supervisor (worker pool)")
         pool.add_argument("--workers", type=positive_int,

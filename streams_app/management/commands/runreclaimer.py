@@ -4,7 +4,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
-from shoal_common.cli import log_level, port, positive_float
+from shoal_common.cli import bad_flags_exit_config, log_level, port, positive_float
 
 from streams_app.consuming.worker import EXIT_CONFIG
 from streams_app.reclaim import Reclaimer
@@ -31,6 +31,9 @@ def start_relay(stop):
 class Command(BaseCommand):
     help = ("Run the reclaim daemon: dead-letter entries over their delivery limit, remove idle consumers, "
             "trim acknowledged entries (retention='acked'), record snapshots. One pass per interval.")
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        return bad_flags_exit_config(super().create_parser(prog_name, subcommand, **kwargs))
 
     def add_arguments(self, parser):
         parser.add_argument("--interval", type=positive_float,

@@ -320,3 +320,52 @@ def test_tasks_a_handler_spawned_are_cancelled_at_shutdown_with_a_truthful_log(r
     assert "cancelling 3 tasks that async handlers started without awaiting them" in proc.output()
     assert "async handlers still running" not in proc.output()
     assert sorted(listed(redis, "handled", "aspawn", "g")) == sorted(ids)
+
+
+BROKEN_CONSUMERS = {
+    "import": ("from streams_app import consumer\nimport nosuchmodule_xyz\n",
+               "importing shapeapp.consumers failed (", "ModuleNotFoundError: No module named 'nosuchmodule_xyz'"),
+    "no group": ("from streams_app import consumer\n\n@consumer('o')\ndef handle(message):\n    pass\n",
+                 "@consumer needs a stream and a group: @consumer('o', group='...')", ""),
+    "bare": ("from streams_app import consumer\n\n@consumer\ndef handle(message):\n    pass\n",
+             "above def handle, not a bare @consumer", ""),
+    "nan backoff": ("from streams_app import consumer\n\n@consumer('o', group='g', retry_backoff=float('nan'))\n"
+                    "def handle(message):\n    pass\n", "retry_backoff must be seconds", "finite"),
+    "NUL group": ("from streams_app import consumer\n\n@consumer('o', group='a\\x00b')\ndef handle(message):\n    pass\n",
+                  "group name 'a\\x00b' holds a control character", ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONSUMERS))
+@pytest.mark.parametrize("command", [["runconsumer"], ["runreclaimer", "--once"], ["check"]])
+def test_errors_in_a_consumers_module_exit_3_with_the_reason_and_no_traceback(run_consumer, shape_app, case, command):
+    source, first, second = BROKEN_CONSUMERS[case]
+    proc = run_consumer(*command[1:], env=shape_app(source), command=command[0])
+    assert proc.wait(60) == 3, proc.output()
+    out = proc.output()
+    assert first in out and second in out, out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("flags", [
+    ["--concurrency", "0"], ["--concurrency", "-1"], ["--concurrency", "abc"], ["--concurrency", "1.5"],
+    ["--threads", "0"], ["--workers", "0"], ["--workers", "-2"], ["--batch", "0"], ["--block-ms", "0"],
+    ["--min-workers", "0", "--max-workers", "2"], ["--shutdown-timeout", "nan"], ["--shutdown-timeout", "inf"],
+    ["--shutdown-timeout", "-1"], ["--heartbeat-timeout", "inf", "--workers", "1"], ["--no-such-flag"],
+])
+def test_malformed_runconsumer_flags_exit_3_with_a_clear_message(run_consumer, flags):
+    proc = run_consumer("jobs:a", *flags)
+    assert proc.wait(60) == 3, proc.output()
+    out = proc.output()
+    assert "error" in out.lower() and flags[0] in out, out
+    assert "Traceback" not in out and "usage:" not in out, out
+
+
+@pytest.mark.parametrize("flags", [["--interval", "0"], ["--interval", "nan"], ["--interval", "inf"],
+                                   ["--metrics-port", "x"]])
+def test_malformed_runreclaimer_flags_exit_3_with_a_clear_message(run_consumer, flags):
+    proc = run_consumer("--once", *flags, command="runreclaimer")
+    assert proc.wait(60) == 3, proc.output()
+    out = proc.output()
+    assert "error" in out.lower() and flags[0] in out, out
+    assert "Traceback" not in out and "usage:" not in out, out
