@@ -12,6 +12,7 @@ cancelling the chunk at the end of the shutdown timeout: that entry stays pendin
 cancel the handler brought on itself (``asyncio.current_task().cancel()``) is its failure.
 """
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -21,7 +22,7 @@ from django.db import close_old_connections
 
 from shoal_common.logsummary import RepeatSummary
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
-from streams_app.consuming.eventloop import cancelled_by_shutdown
+from streams_app.consuming.eventloop import FinishInThread, cancelled_by_shutdown
 from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError
 from streams_app.metrics import consumer as metrics
 
@@ -246,8 +247,9 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
     """Await the ``async def`` ``handler`` on each message in turn; return a ChunkResult.
 
     The guard's Redis round trips run in a thread, off the loop. Nothing is awaited between the
-    last handler's return and the result (without a guard): another coroutine that blocks the loop
-    must not hold back the ack of this one (see eventloop._settling).
+    last handler's return and the result: another coroutine that blocks the loop must not hold back
+    the ack of this one (see eventloop._settling). With a guard the result is a FinishInThread: the
+    worker's EventLoopRunner records the handled entries in the guard and settles in a thread.
     """
     await _db.check()
     chunk = Chunk(messages, guard, budget)
@@ -280,11 +282,16 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
                     chunk.failed(message, HandlerShapeError(reason))
                 else:
                     chunk.ran(message)
-        if guard is not None:
-            await asyncio.to_thread(chunk.end_guard)
     except asyncio.CancelledError:
         chunk.abandon()
         raise
     if chunk.errored:
         _db.after_failure = True  # the error that broke a connection is almost always the handler's own
+    if guard is not None:
+        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left))
+    return chunk.close(left)
+
+
+def _end_guard_and_close(chunk, left):
+    chunk.end_guard()
     return chunk.close(left)

@@ -18,6 +18,7 @@ and did not await (``asyncio.create_task``) are cancelled at the same time.
 """
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -32,6 +33,15 @@ CANCEL_GRACE = 2.0
 # handler itself (asyncio.current_task().cancel(), a library cancelling the wrong task): a failure
 # of its message, not a shutdown.
 _shutdown_cancelled = weakref.WeakSet()
+
+
+class FinishInThread:
+    """What a chunk returns when its last step is a blocking call (the idempotency guard's Redis
+    round trip): ``fn()`` runs in a thread and its return settles the read loop's Future there,
+    without coming back to the event loop, which another handler may be blocking."""
+
+    def __init__(self, fn):
+        self.fn = fn
 
 
 def cancel_for_shutdown(task):
@@ -52,6 +62,9 @@ class EventLoopRunner:
         self.limit = asyncio.Semaphore(concurrency)
         self._clock = clock  # the heartbeat's clock (supervisor.heartbeat): monotonic, never the wall
         self._stopping = False
+        # Threads for the chunks' last blocking step (FinishInThread): like asyncio.to_thread, but
+        # their results reach the read loop without the event loop.
+        self._finishing = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="shoal-finish")
         self._chunks = set()  # the tasks running chunks (not those a handler spawned itself)
         # Progress, for the supervisor's heartbeat (as ProgressExecutor for threads). Written only
         # in the loop's thread; the heartbeat reads two ints, which needs no lock.
@@ -111,6 +124,9 @@ class EventLoopRunner:
         except BaseException as exc:  # noqa: BLE001 - handed to the read loop, which counts a failed delivery
             _settle(future, exc=exc)
         else:
+            if isinstance(result, FinishInThread):
+                self._finishing.submit(result.fn).add_done_callback(functools.partial(_settle_from, future))
+                return
             _settle(future, result=result)
 
     def _mark(self, delta):
@@ -133,6 +149,7 @@ class EventLoopRunner:
         except TimeoutError:
             stuck = max(1, self.running)  # the loop does not answer: blocked inside a handler
         self._stopping = True
+        self._finishing.shutdown(wait=False)
         self.loop.call_soon_threadsafe(self.loop.stop)
         if not stuck:
             self.thread.join(timeout=grace)
@@ -154,6 +171,15 @@ class EventLoopRunner:
             cancel_for_shutdown(task)
         _, pending = await asyncio.wait(tasks, timeout=grace)
         return len(pending)
+
+
+def _settle_from(future, done):
+    """Settle ``future`` with the outcome of the finished concurrent Future ``done``."""
+    exc = done.exception()
+    if exc is not None:
+        _settle(future, exc=exc)
+    else:
+        _settle(future, result=done.result())
 
 
 def _settle(future, result=None, exc=None, cancelled=False):

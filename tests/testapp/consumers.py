@@ -358,7 +358,7 @@ async def blocks_the_event_loop(message):
         await _wake.wait()
         record("started", message)
         deadline = time.monotonic() + 120
-        while not conn.exists("release:ablock") and time.monotonic() < deadline:
+        while not conn.exists(f"release:{message.stream}") and time.monotonic() < deadline:
             time.sleep(0.05)  # blocking: no other coroutine of this process runs meanwhile
         return
     if payload.get("wake"):
@@ -368,6 +368,9 @@ async def blocks_the_event_loop(message):
         _wake.set()
         return  # nothing awaited between the set and the return
     record("handled", message)
+
+
+consumer("ablockr", group="g", idempotent="redis", max_deliveries=2, retry_backoff=(0.2, 0.5))(blocks_the_event_loop)
 
 
 @consumer("acancel", group="g", max_deliveries=2, retry_backoff=0.05)
