@@ -279,7 +279,7 @@ def test_every_admin_url_with_a_malformed_or_unknown_id_is_a_404(client, db, red
     (["--target-lag", "10"], "--target-lag only applies with --min-workers/--max-workers"),
     (["--workers", "2", "--target-lag", "10"], "--target-lag only applies"),
     (["--heartbeat-timeout", "5"], "need a supervisor"),
-    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be 0 or more"),
+    (["--shutdown-timeout", "-1"], r"--shutdown-timeout: invalid number of seconds \(0 or more\)"),
 ])
 def test_runconsumer_contradictory_flags_are_configuration_errors(redis, flags, error):
     with pytest.raises(CommandError, match=error) as raised:

@@ -125,7 +125,12 @@ class EventLoopRunner:
             _settle(future, exc=exc)
         else:
             if isinstance(result, FinishInThread):
-                self._finishing.submit(result.fn).add_done_callback(functools.partial(_settle_from, future))
+                try:
+                    finishing = self._finishing.submit(result.fn)
+                except RuntimeError as exc:  # shut down meanwhile: the entries stay pending for takeover
+                    _settle(future, exc=exc)
+                else:
+                    finishing.add_done_callback(functools.partial(_settle_from, future))
                 return
             _settle(future, result=result)
 
