@@ -293,9 +293,9 @@ def test_a_handler_that_cancels_its_own_task_fails_as_a_handler_failure(redis, r
     proc = run_consumer("acancel:g")
     wait_for(lambda: redis.xlen("{acancel}:dlq") == 1, timeout=60, what="the entry dead-lettered")
     [(_, fields)] = redis.xrange("{acancel}:dlq")
-    assert fields["origin_id"] == entry and fields["deliveries"] == "2"
-    assert fields["error"].startswith("HandlerCancelledError: the handler's task was cancelled"), fields["error"]
-    assert "cancels_its_own_task" in fields["traceback"]
+    assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "2"
+    assert fields["shoal:error"].startswith("HandlerCancelledError: the handler's task was cancelled"), fields["shoal:error"]
+    assert "cancels_its_own_task" in fields["shoal:traceback"]
     assert "failed outside its handler" not in proc.output()
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
@@ -306,8 +306,8 @@ def test_an_async_handler_returning_an_awaitable_fails_with_a_message_saying_its
     proc = run_consumer("aforgot:g")
     wait_for(lambda: redis.xlen("{aforgot}:dlq") == 1, timeout=60, what="the entry dead-lettered")
     [(_, fields)] = redis.xrange("{aforgot}:dlq")
-    assert "HandlerShapeError: the async handler ran, then returned an awaitable" in fields["error"], fields["error"]
-    assert "missing await" in fields["error"] and "took it for a sync handler" not in fields["error"]
+    assert "HandlerShapeError: the async handler ran, then returned an awaitable" in fields["shoal:error"], fields["shoal:error"]
+    assert "missing await" in fields["shoal:error"] and "took it for a sync handler" not in fields["shoal:error"]
     assert listed(redis, "started", "aforgot", "g") == [entry, entry]  # the body ran on each delivery
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
