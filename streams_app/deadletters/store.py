@@ -19,7 +19,7 @@ import redis
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys, scripts
-from streams_app.connection import get_connection
+from streams_app.connection import get_connection, slot_pipeline
 from streams_app.consuming.outcomes import exception_text
 from streams_app.message import decode_fields
 
@@ -118,7 +118,8 @@ def move(conn, stream, group, failures, pipeline=None):
     The group or stream being gone (NOGROUP) or of another type (WRONGTYPE) is raised.
     """
     failures = list(failures)
-    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
+    # A plain pipeline on the stream's node: a cluster pipeline refuses scripts (every key here is in one slot).
+    pipe = pipeline if pipeline is not None else slot_pipeline(conn, keys.stream_key(stream))
     queued = QueuedMoves([])
     failed_at = str(int(time.time() * 1000))
     for start in range(0, len(failures), MOVE_BATCH):

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 
 from streams_app import publish_many
 from streams_app.conf import get_settings
-from streams_app.connection import get_connection
+from streams_app.connection import get_connection, node_client
 from streams_app.models import GroupSnapshot
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import select
@@ -218,12 +218,13 @@ def test_a_pass_at_maxmemory_defers_what_redis_refuses_and_finishes_it_later(red
     ids = publish_many("jobs", [{"n": n} for n in range(3)])
     abandon(redis, "jobs", "a", ids, deliveries=5)
     daemon = reclaimer(["jobs:a"], PENDING_TIMEOUT_MS=1000, SNAPSHOT_INTERVAL=0.001)
-    redis.config_set("maxmemory-policy", "noeviction")
-    redis.config_set("maxmemory", "1")
+    node = node_client(redis, "jobs")  # CONFIG is per node: the one that holds the stream's slot
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")
     try:
         report = daemon.tick()
     finally:
-        redis.config_set("maxmemory", "0")
+        node.config_set("maxmemory", "0")
     assert report.dead_lettered == {} and any("3 dead-letter moves refused" in e for e in report.errors), report
     assert redis.xpending("jobs", "a")["pending"] == 3 and redis.xlen("{jobs}:dlq") == 0
     assert daemon.tick().dead_lettered == {"jobs:a": 3}
