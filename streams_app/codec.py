@@ -317,7 +317,10 @@ setting_changed.connect(_reset, weak=False)
 
 def encode(payload, codec=None):
     """(payload bytes, ``payload_types`` text or None) of ``payload``; PublishError for bad input."""
-    body, types = engine(codec).dumps(payload)
+    try:
+        body, types = engine(codec).dumps(payload)
+    except RecursionError:
+        raise PublishError("payload is nested too deeply (or refers to itself) to encode as JSON") from None
     return body, (None if types is None else _std_dumps(types))
 
 
@@ -391,6 +394,8 @@ def decode(raw, raw_types=None, entry_id="?"):
         value = engine().loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise PayloadDecodeError(f"entry {entry_id}: payload is not valid JSON ({exc})") from None
+    except RecursionError:  # nested deeper than Python's parser goes: poison like any undecodable payload
+        raise PayloadDecodeError(f"entry {entry_id}: payload is nested too deeply to decode") from None
     if raw_types is None:
         return value
     try:

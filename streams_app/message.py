@@ -84,8 +84,8 @@ class Message:
             else:
                 try:
                     headers = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise PayloadDecodeError(f"entry {self.id}: headers are not valid JSON ({exc})") from None
+                except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                    raise PayloadDecodeError(f"entry {self.id}: headers are not valid JSON ({exc!r})") from None
                 if not isinstance(headers, dict):
                     raise PayloadDecodeError(f"entry {self.id}: headers must be a JSON object")
                 self._headers = headers

@@ -52,6 +52,28 @@ def test_failure_stays_pending_and_does_not_block_the_rest(redis, make_loop):
     assert [p["message_id"] for p in pending] == [ids[0]]
 
 
+def test_a_payload_nested_too_deeply_to_decode_is_poison_and_its_neighbours_run(redis, make_loop):
+    before = publish("jobs", {"n": 1})
+    deep = redis.xadd("jobs", {"payload": '{"v":' + "[" * 5000 + "1" + "]" * 5000 + "}"})  # another producer's
+    after = publish("jobs", {"n": 2})
+    loop = make_loop()
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 2 and redis.xlen("{jobs}:dlq") == 1)
+    assert sorted(redis.lrange("handled:jobs:a", 0, -1)) == sorted([before, after])
+    [(_, letter)] = redis.xrange("{jobs}:dlq")
+    assert letter["shoal:origin_id"] == deep and letter["shoal:deliveries"] == "1"
+    assert letter["shoal:error"].startswith("decode: ") and "nested too deeply" in letter["shoal:error"]
+
+
+def test_publishing_a_payload_nested_too_deeply_is_a_publish_error():
+    from streams_app.exceptions import PublishError
+
+    payload = current = {}
+    for _ in range(5000):
+        current["v"] = current = {}
+    with pytest.raises(PublishError, match="nested too deeply"):
+        publish("jobs", payload)
+
+
 def test_poison_payload_does_not_block_the_rest(redis, make_loop):
     bad = redis.xadd("jobs", {"payload": "{not json"})
     raw = get_connection()
