@@ -62,9 +62,15 @@ def test_outbox_orders_have_exactly_one_effect_through_relay_kills_and_a_redis_r
                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                    for w in range(WRITERS)]
         faults = Counter()
-        redis_restart_at = time.monotonic() + rng.uniform(3, 8)
-        consumer_kill_at = time.monotonic() + rng.uniform(2, 10)
-        while any(w.poll() is None for w in writers):
+        redis_restart_at = time.monotonic() + rng.uniform(2, 5)
+        consumer_kill_at = time.monotonic() + rng.uniform(1, 6)
+
+        def relay_faults():
+            return faults["relay SIGKILL"] + faults["relay died after XADD"]
+
+        # Fault until the writers are done AND the schedule has run: on a quiet machine the writers can
+        # finish before the Redis restart was due (what is left in the outbox then meets the faults).
+        while any(w.poll() is None for w in writers) or redis_restart_at or consumer_kill_at or relay_faults() < 3:
             time.sleep(rng.uniform(0.5, 2.0))
             victim = rng.randrange(len(relays))
             if relays[victim].proc.poll() is None:
@@ -89,7 +95,6 @@ def test_outbox_orders_have_exactly_one_effect_through_relay_kills_and_a_redis_r
         for writer in writers:
             assert writer.wait(60) == 0, writer.stdout.read()
         print(f"faults: {dict(faults)}", flush=True)
-        assert faults["redis restart"] == 1 and faults["relay SIGKILL"] + faults["relay died after XADD"] >= 3, f"the writers finished too soon: {faults}"
 
         def waiting():
             return postgres_database.rows("SELECT count(*) FROM streams_app_outboxmessage WHERE relayed_at IS NULL")[0][0]
