@@ -52,14 +52,20 @@ def test_a_handler_object_or_partial_does_not_break_the_reclaimer(redis, run, pr
                         "partial": "functools.partial(tests.testapp.consumers.behave)"}
 
 
-def test_reclaimer_skips_a_stream_key_of_another_type_audits_the_rest_and_says_so(redis, run, process_database):
-    redis.set("jobs", "precious")
+def abandoned_at_its_limit(redis):
+    """An entry of failing:g held by a consumer that is gone, at max_deliveries and idle past the timeout."""
     entry = redis.xadd("failing", {"payload": json.dumps({"n": 1})})
     redis.xgroup_create("failing", "g", id="0")
     redis.xreadgroup("g", "gone-consumer", {"failing": ">"})
     redis.xclaim("failing", "g", "gone-consumer", 0, [entry], retrycount=4)  # at max_deliveries=4
     wait_for(lambda: redis.xpending_range("failing", "g", "-", "+", 1, idle=FAST["PENDING_TIMEOUT_MS"]),
              timeout=10, what="the entry idle past the pending timeout")
+    return entry
+
+
+def test_reclaimer_skips_a_stream_key_of_another_type_audits_the_rest_and_says_so(redis, run, process_database):
+    redis.set("jobs", "precious")
+    entry = abandoned_at_its_limit(redis)
     daemon = run("runreclaimer", "--once", streams=FAST)
     assert daemon.wait(120) == 1, daemon.output()  # the pass did not audit jobs:a and jobs:b
     out = daemon.output()
@@ -83,12 +89,7 @@ def test_a_dead_letter_key_of_another_type_stops_the_start_with_exit_3(redis, ru
 
 def test_reclaimer_names_the_dead_letter_key_of_another_type(redis, run):
     redis.set("{failing}:dlq", "precious")
-    entry = redis.xadd("failing", {"payload": json.dumps({"n": 1})})
-    redis.xgroup_create("failing", "g", id="0")
-    redis.xreadgroup("g", "gone-consumer", {"failing": ">"})
-    redis.xclaim("failing", "g", "gone-consumer", 0, [entry], retrycount=4)  # at max_deliveries=4
-    wait_for(lambda: redis.xpending_range("failing", "g", "-", "+", 1, idle=FAST["PENDING_TIMEOUT_MS"]),
-             timeout=10, what="the entry idle past the pending timeout")
+    abandoned_at_its_limit(redis)
     daemon = run("runreclaimer", "--once", streams=FAST)
     assert daemon.wait(120) == 1, daemon.output()
     out = daemon.output()
