@@ -18,6 +18,18 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 
+def accept_queue_length(port):
+    """Connections the kernel holds for gunicorn's listening socket on `port` that no worker has
+    accepted yet (the listening socket's rx_queue in /proc/net/tcp)."""
+    with open("/proc/net/tcp") as table:
+        for line in list(table)[1:]:
+            fields = line.split()
+            local, state, queues = fields[1], fields[3], fields[4]
+            if state == "0A" and int(local.split(":")[1], 16) == port:  # 0A: LISTEN
+                return int(queues.split(":")[1], 16)
+    raise AssertionError(f"no socket listening on port {port}")
+
+
 def registration_status(server):
     _, body = server.get("/readyz")
     return json.loads(body).get("discovery_registration")
@@ -61,6 +73,9 @@ def test_sigterm_deregisters_before_the_drain(gunicorn, redis, settings):
     # A request in flight (its client is slow to send it): gunicorn drains, waiting for it.
     slow_client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     slow_client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    # Only a connection a worker has accepted is drained: one still in the kernel's accept queue when
+    # the listening socket closes is reset (CI's load once had TERM arrive before the accept).
+    wait_for(lambda: accept_queue_length(server.port) == 0, timeout=30, what="the worker accepted the slow request")
     try:
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=20,
