@@ -1,6 +1,6 @@
-"""Registered service instances (a mirror of the registry) with a deregister action."""
+"""Registered service instances (a mirror of the registry) with drain, undrain and deregister actions."""
 from django.contrib import admin, messages
-from django.contrib.admin.models import DELETION
+from django.contrib.admin.models import CHANGE, DELETION
 from django.utils import timezone
 
 from discovery_app.models import ServiceInstance
@@ -19,16 +19,25 @@ class InstanceMirror:
 
 @admin.register(ServiceInstance)
 class ServiceInstanceAdmin(MirrorAdmin, admin.ModelAdmin):
-    list_display = ("service", "instance_id", "endpoint", "version", "zone", "weight", "heartbeat", "healthy")
-    list_filter = ("service", "zone", "healthy", "version")
+    list_display = ("service", "instance_id", "endpoint", "version", "zone", "weight", "heartbeat", "healthy", "rotation")
+    list_filter = ("service", "zone", "healthy", "draining", "failing", "version")
     search_fields = ("service", "instance_id", "address", "version")
     fields = ("service", "instance_id", "address", "port", "version", "zone", "weight", "tags", "registered_at",
-              "last_heartbeat", "ttl", "healthy", "synced_at")
+              "last_heartbeat", "ttl", "healthy", "draining", "failing", "synced_at")
     readonly_fields = fields
-    actions = ("deregister",)
+    actions = ("drain", "undrain", "deregister")
 
     def has_deregister_permission(self, request):
         return request.user.has_perm("discovery_app.deregister_instance")
+
+    def has_drain_permission(self, request):
+        return request.user.has_perm("discovery_app.drain_instance")
+
+    @admin.display(description="rotation")
+    def rotation(self, obj):
+        if obj.draining:
+            return "draining"
+        return "failing its health check" if obj.failing else "in rotation"
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat")
     def heartbeat(self, obj):
@@ -77,3 +86,47 @@ class ServiceInstanceAdmin(MirrorAdmin, admin.ModelAdmin):
         if gone:
             self.message_user(request, f"{gone} instance{'s were' if gone != 1 else ' was'} no longer registered "
                                        "(expired or deregistered meanwhile).", messages.WARNING)
+
+    @admin.action(permissions=["drain"], description="Drain selected instances (take them out of rotation)")
+    def drain(self, request, queryset):
+        return self._set_draining(request, queryset, draining=True)
+
+    @admin.action(permissions=["drain"], description="Put selected instances back in rotation")
+    def undrain(self, request, queryset):
+        return self._set_draining(request, queryset, draining=False)
+
+    def _set_draining(self, request, queryset, *, draining):
+        action = "drain" if draining else "undrain"
+        if not request.POST.get("post"):
+            warning = ("Clients stop picking them while another instance of the service is in rotation (if none is "
+                       "left they are still used: better a drained instance than none). They stay registered and keep "
+                       "their heartbeats; put them back with the other action or `manage.py discover SERVICE --undrain ID`."
+                       if draining else "Clients pick them again at their next refresh (at once where pub/sub reaches them).")
+            return confirmation(
+                request, self, title="Drain instances" if draining else "Put instances back in rotation", action=action,
+                items=[f"{i.service}: {i.instance_id} at {i.endpoint}" for i in queryset], ids=[i.pk for i in queryset],
+                warning=warning,
+            )
+        registry = ServiceRegistry()
+        done, gone = [], 0
+        try:
+            for instance in queryset:
+                if registry.set_draining(instance.service, instance.instance_id, draining):
+                    done.append(instance)
+                else:
+                    gone += 1
+        except TRANSIENT_ERRORS as exc:
+            self.message_user(request, f"Redis did not answer ({type(exc).__name__}: {exc}); "
+                                       f"{len(done)} instance(s) were changed before that.", messages.ERROR)
+        state = "draining" if draining else "back in rotation"
+        log_actions(request, ServiceInstance, [
+            (i.pk, i.instance_id, f"{i.instance_id} of {i.service} ({i.endpoint}) set {state}") for i in done
+        ], CHANGE)
+        ServiceInstance.objects.filter(pk__in=[i.pk for i in done]).update(draining=draining)
+        if done:
+            self.message_user(request, f"{len(done)} instance{'s are' if len(done) != 1 else ' is'} {state}.",
+                              messages.SUCCESS)
+        if gone:
+            self.message_user(request, f"{gone} instance{'s were' if gone != 1 else ' was'} no longer registered "
+                                       "(expired or deregistered meanwhile); nothing was done to "
+                                       f"{'them' if gone != 1 else 'it'}.", messages.WARNING)

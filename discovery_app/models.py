@@ -18,12 +18,16 @@ class ServiceInstance(models.Model):
     last_heartbeat = models.DateTimeField(null=True)
     ttl = models.FloatField(default=0.0)
     healthy = models.BooleanField(default=True, help_text="Heartbeat younger than HEALTHY_FACTOR x TTL when synced.")
+    draining = models.BooleanField(default=False, help_text="Taken out of rotation by an operator: clients pick it "
+                                                            "only when no other instance is left.")
+    failing = models.BooleanField(default=False, help_text="Failing its registrar's active health check.")
     synced_at = models.DateTimeField()
 
     class Meta:
         ordering = ["service", "instance_id"]
         default_permissions = ("view",)
-        permissions = [("deregister_instance", "Can deregister service instances")]
+        permissions = [("deregister_instance", "Can deregister service instances"),
+                       ("drain_instance", "Can take service instances out of rotation and back")]
 
     def __str__(self):
         return self.instance_id

@@ -40,6 +40,8 @@ def sync_instances(registry=None, now=None):
                 "last_heartbeat": _when(instance.last_heartbeat),
                 "ttl": instance.ttl,
                 "healthy": healthy,
+                "draining": instance.draining,
+                "failing": instance.failing,
                 "synced_at": now,
             })
         ServiceInstance.objects.exclude(instance_id__in=[i.instance_id for i, _ in found]).delete()
