@@ -119,10 +119,21 @@ class LeastConnections:
     def __init__(self, rng=None):
         self.rng = rng or random.Random()
 
+    _IDLE_DRAWS = 16
+
     def pick(self, service, instances, inflight):
-        # O(n) per pick by nature (every instance's load is looked at); P2C is O(1).
+        cumulative = _profile(instances)[1]
         if not inflight:  # nothing in flight: every instance ties
-            return _draw(self.rng, instances, _profile(instances)[1])
+            return _draw(self.rng, instances, cumulative)
+        if len(inflight) < len(instances):
+            # Fewer instances busy than candidates: some candidate is idle, so the least load is 0 and
+            # the idle ones tie. A client's calls in flight are few (its threads), so drawing by weight
+            # until an idle one comes up takes about n / (n - busy) draws instead of an O(n) pass per
+            # pick (14 ms at 10,000 instances). Past a few misses, fall back to the full pass.
+            for _ in range(self._IDLE_DRAWS):
+                instance = _draw(self.rng, instances, cumulative)
+                if not inflight.get(key_of(instance)):
+                    return instance
         loads = [inflight.get(key_of(i), 0) / (i.weight or 1.0) for i in instances]
         least = min(loads)
         # Ties are broken at random (by weight), or every caller would pile onto the first idle instance.

@@ -295,3 +295,24 @@ def test_resolve_reuses_its_candidate_set_until_something_changes(registry, cloc
     client.resolve("orders")
     assert len(passes) == before + 1
     assert {client.resolve("orders", tags=()).instance_id for _ in range(10)}  # filtered calls still work
+
+
+def test_least_connections_among_many_never_picks_a_busy_instance_and_follows_weights_among_idle_ones():
+    # The fast path draws by weight until an idle instance comes up; it must pick what the full
+    # pass would: only the least loaded (idle) instances, each by its weight.
+    import random as random_module
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from discovery_app.balancers import LeastConnections
+
+    instances = [SimpleNamespace(instance_id=f"i{n}", weight=3.0 if n % 2 else 1.0) for n in range(40)]
+    busy = {f"i{n}": 1 for n in range(30)}  # i30..i39 idle: five of weight 1, five of weight 3
+    strategy = LeastConnections(rng=random_module.Random(7))
+    picks = Counter(strategy.pick("s", instances, busy).instance_id for _ in range(4000))
+    assert set(picks) == {f"i{n}" for n in range(30, 40)}
+    heavy = sum(count for name, count in picks.items() if int(name[1:]) % 2)
+    assert 0.70 < heavy / 4000 < 0.80  # 15 of 20 weight units: 0.75
+    # Every instance busy: the least loaded per unit of weight wins (i39: 1 call / weight 3).
+    everyone = {f"i{n}": 2 for n in range(40)} | {"i39": 1}
+    assert {strategy.pick("s", instances, everyone).instance_id for _ in range(50)} == {"i39"}
