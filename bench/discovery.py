@@ -85,7 +85,7 @@ def bench_change_at_scale(size=10_000, repeat=5):
         samples.append((time.perf_counter() - start) * 1000)
     client.close()
     print(f"(d) a registration reaching a client at {size:,} instances: median {statistics.median(samples):.0f} ms "
-          f"(max {max(samples):.0f} ms, {repeat} runs; the client re-reads the whole service)")
+          f"(max {max(samples):.0f} ms, {repeat} runs; the client reads only what changed)")
 
 
 def bench_instances(repeat):

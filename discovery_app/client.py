@@ -20,7 +20,7 @@ import time
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from discovery_app import keys
 from discovery_app.balancers import key_of, make_strategy
@@ -46,6 +46,20 @@ class _Entry:
     fetched_at: float  # client monotonic clock; -inf once invalidated
     clock_offset: float  # Redis server time minus local time.time(), at the fetch
     preserved: dict = field(default_factory=dict)  # instance id -> serve until (client clock); see _preserve
+    position: tuple | None = None  # the registry's change position of this read (read_changes)
+    # After an incremental read, heartbeats are not re-read: every instance but the ``aging`` ones has
+    # its deadline at ``floor`` or later (Redis server time), so its heartbeat is no older than
+    # ``floor - ttl`` (see ServiceRegistry.read_changes).
+    floor: float = float("-inf")
+    aging: frozenset = frozenset()
+
+    def last_heartbeat(self, instance):
+        if instance.instance_id in self.aging:
+            return instance.last_heartbeat
+        return max(instance.last_heartbeat, self.floor - instance.ttl)
+
+    def is_healthy(self, instance, factor, server_now):
+        return instance.is_fallback or server_now - self.last_heartbeat(instance) < factor * instance.ttl
 
 
 SWEEP_PERIOD = 1.0
@@ -334,7 +348,7 @@ class DiscoveryClient:
             return
         plan.entry, plan.breakers_version = entry, self.breakers.version
         plan.breakers_until = self.breakers.next_change()
-        plan.healthy_until = min(i.last_heartbeat + self.healthy_factor * i.ttl for i in plan.instances
+        plan.healthy_until = min(entry.last_heartbeat(i) + self.healthy_factor * i.ttl for i in plan.instances
                                  if not i.is_fallback) if any(not i.is_fallback for i in plan.instances) else float("inf")
         self._plans[service] = plan
 
@@ -510,7 +524,7 @@ class DiscoveryClient:
 
     def _healthy(self, entry):
         server_now = time.time() + entry.clock_offset
-        return [i for i in entry.instances if i.is_healthy(self.healthy_factor, server_now)]
+        return [i for i in entry.instances if entry.is_healthy(i, self.healthy_factor, server_now)]
 
     def _entry(self, service, force=False):
         """(entry, stale?, from cache?): cached, fetched, or the old one when the registry fails."""
@@ -545,7 +559,13 @@ class DiscoveryClient:
     def _fetch(self, service, entry):
         generation = self._generation(service)
         try:
-            server_time, found = self.registry.fetch(service)
+            changes = None
+            if entry is not None and entry.position is not None and not entry.preserved:
+                # Only what changed since the last read: at 10,000 instances a full read costs Redis
+                # ~20 ms in one script and this process ~120 ms of decoding, for every change event.
+                changes = self.registry.read_changes(service, entry.position, self._window(entry))
+            if changes is None:
+                read = self.registry.read(service)
         except TRANSIENT_ERRORS as exc:
             with self._lock:
                 self._last_error = exc
@@ -556,7 +576,11 @@ class DiscoveryClient:
         self._backoff = 0.0
         self._failures = 0
         self._registry_down_until = float("-inf")
-        entry = self._preserve(service, entry, _Entry(found, self.clock(), server_time - time.time()), server_time)
+        if changes is not None:
+            entry = self._apply(entry, changes)
+        else:
+            entry = self._preserve(service, entry, _Entry(read.instances, self.clock(), read.server_now - time.time(),
+                                                          position=read.position), read.server_now)
         with self._lock:
             if self._generation(service) != generation:
                 # A change event arrived while this fetch was under way: what it read may predate
@@ -566,6 +590,30 @@ class DiscoveryClient:
         known = {key_of(i) for e in list(self._cache.values()) for i in e.instances}
         self.breakers.forget(known | {f"fallback:{url}" for urls in self.fallbacks.values() for url in urls})
         return entry, False, False
+
+    def _window(self, entry):
+        """How far ahead an incremental read reports deadlines exactly: far enough that an instance
+        outside it stays healthy on the heartbeat bound until the next read (one cache TTL away)."""
+        longest = max((i.ttl for i in entry.instances), default=0.0)
+        return self.cache_ttl + 1.0 + max(0.0, 1.0 - self.healthy_factor) * longest
+
+    def _apply(self, entry, changes):
+        by_id = {key_of(i): i for i in entry.instances}
+        for instance_id, instance in changes.changed.items():
+            if instance is None:
+                by_id.pop(instance_id, None)
+            else:
+                by_id[instance_id] = instance
+        aging = set()
+        for instance_id, beat in changes.aging.items():
+            instance = by_id.get(instance_id)
+            if instance is not None:
+                aging.add(instance_id)
+                if beat != instance.last_heartbeat:
+                    by_id[instance_id] = replace(instance, last_heartbeat=beat)
+        instances = [by_id[key] for key in sorted(by_id)] if changes.changed else list(by_id.values())
+        return _Entry(instances, self.clock(), changes.server_now - time.time(), position=changes.position,
+                      floor=changes.server_now + changes.window, aging=frozenset(aging))
 
     def _preserve(self, service, previous, entry, server_now):
         """Self-preservation (as Eureka's): keep serving instances that were alive at the previous
@@ -580,7 +628,7 @@ class DiscoveryClient:
                 if key_of(i) in previous.preserved and key_of(i) not in found and now < previous.preserved[key_of(i)]]
         vanished = [i for i in previous.instances
                     if key_of(i) not in previous.preserved and key_of(i) not in found and not i.is_fallback
-                    and server_now - i.last_heartbeat < i.ttl]
+                    and server_now - previous.last_heartbeat(i) < i.ttl]
         if vanished:
             try:
                 removed = self.registry.tombstoned(service, [key_of(i) for i in vanished])

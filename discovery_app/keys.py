@@ -38,9 +38,22 @@ def status_key(service):
     return f"{_prefix()}:{{{service}}}:status"
 
 
+def changes_key(service):
+    """ZSET instance id -> the change number of its last change (registered, re-registered, status
+    set, deregistered, expired; not heartbeats): what a client that read the service at an earlier
+    change number must fetch again. Trimmed to the live instances plus a few hundred departures."""
+    return f"{_prefix()}:{{{service}}}:changes"
+
+
+def log_key(service):
+    """HASH epoch (set when the key is created, so a flush or restart is noticed), v (the last change
+    number), floor (changes up to it were trimmed: a client that read before it reads everything)."""
+    return f"{_prefix()}:{{{service}}}:log"
+
+
 def service_keys(service):
     return [records_key(service), deadlines_key(service), tombstones_key(service), beats_key(service),
-            status_key(service)]
+            status_key(service), changes_key(service), log_key(service)]
 
 
 def services_key():

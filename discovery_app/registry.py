@@ -14,6 +14,7 @@ import re
 import socket
 import uuid
 from dataclasses import replace
+from typing import NamedTuple
 
 from redis.commands.core import Script
 
@@ -33,20 +34,40 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function publish(event, service, id)
   redis.call('PUBLISH', ARGV[1], cjson.encode({event = event, service = service, instance_id = id}))
 end
+-- The change log (KEYS[6] changes, KEYS[7] log): every change but a heartbeat gets the next number,
+-- so a client that read at number v fetches only the ids changed since (see _READ_CHANGES).
+local function changed(id)
+  if redis.call('HEXISTS', KEYS[7], 'epoch') == 0 then
+    redis.call('HSET', KEYS[7], 'epoch', tostring(now), 'v', 0, 'floor', 0)
+  end
+  local v = redis.call('HINCRBY', KEYS[7], 'v', 1)
+  redis.call('ZADD', KEYS[6], v, id)
+  -- Departed ids stay listed so that clients learn of the departure; beyond a few hundred of them the
+  -- oldest entries go, and a client that read before the floor reads everything again.
+  local extra = redis.call('ZCARD', KEYS[6]) - redis.call('HLEN', KEYS[1]) - 512
+  if extra > 0 then
+    local oldest = redis.call('ZRANGE', KEYS[6], extra - 1, extra - 1, 'WITHSCORES')
+    redis.call('ZREMRANGEBYRANK', KEYS[6], 0, extra - 1)
+    redis.call('HSET', KEYS[7], 'floor', oldest[2])
+  end
+end
+-- At most 1,000 expiries per call keeps one script's time on Redis bounded when a whole fleet
+-- goes silent at once; the sweep and the next readers take the rest.
 local function prune(service)
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
   for _, id in ipairs(dead) do
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id, 'health:' .. id)
     redis.call('ZREM', KEYS[2], id)
+    changed(id)
     publish('expired', service, id)
   end
   return #dead
 end
 """
 
-# KEYS: records, deadlines, tombstones, beats.
+# KEYS: keys.service_keys (records, deadlines, tombstones, beats, status, changes, log).
 # ARGV: channel, service, id, mode, ttl_ms, tombstone_ms, record, registered_at_ms (0: unknown).
 # mode "register" writes ARGV[7] and clears a tombstone; "heartbeat" refreshes the beat, or writes
 # ARGV[7] again when the record is gone (expired, flushed) unless the id was deregistered. The record
@@ -75,18 +96,19 @@ else
     outcome = 'reregistered'  -- the same instance, back after its record was lost: keep its age
     if tonumber(ARGV[8]) > 0 then registered_at = tonumber(ARGV[8]) end
   end
+  changed(id)
   publish(outcome, service, id)
 end
 redis.call('HSET', KEYS[4], id, string.format('%d %d %d', registered_at, now, ttl))
 redis.call('ZADD', KEYS[2], now + ttl, id)
 -- An abandoned service (every instance gone silent, nobody reading) vanishes on its own.
-for _, i in ipairs({1, 2, 4, 5}) do
+for _, i in ipairs({1, 2, 4, 5, 6, 7}) do
   if redis.call('PTTL', KEYS[i]) < 2 * ttl then redis.call('PEXPIRE', KEYS[i], 2 * ttl) end
 end
 return {outcome, now}
 """).encode())
 
-# KEYS: records, deadlines, tombstones, beats. ARGV: channel, service, id, tombstone_ms, registration.
+# KEYS: keys.service_keys. ARGV: channel, service, id, tombstone_ms, registration.
 # A non-empty registration removes the record only if it is still that registration's: -1 otherwise
 # (someone registered the same id since), and no tombstone, which would stop the newer one's heartbeats.
 _DEREGISTER = Script(None, (_PRELUDE + """
@@ -103,15 +125,50 @@ redis.call('HDEL', KEYS[5], id, 'health:' .. id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZADD', KEYS[3], now, id)
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
-if removed == 1 then publish('deregistered', service, id) end
+if removed == 1 then
+  changed(id)
+  publish('deregistered', service, id)
+end
 return removed
 """).encode())
 
-# KEYS: records, deadlines, tombstones, beats, status. ARGV: channel, service.
-# Returns {now_ms, {id1, json1, ...}, {id1, beat1, ...}, {id, status, ...}}.
+# KEYS: all seven. ARGV: channel, service.
+# Returns {now_ms, {id1, json1, ...}, {id1, beat1, ...}, {id, status, ...}, epoch or false, v}.
 _READ = Script(None, (_PRELUDE + """
 prune(ARGV[2])
-return {now, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+local log = redis.call('HMGET', KEYS[7], 'epoch', 'v')
+return {now, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5]),
+        log[1], tonumber(log[2] or '0')}
+""").encode())
+
+# KEYS: all seven. ARGV: channel, service, epoch, since (a change number), window_ms, most.
+# What changed since change number ``since`` of ``epoch``: {'changes', now_ms, v, {id, record or '',
+# beat or '', status or '', health or '', ...}, {id, beat, ...} of the instances whose deadline falls
+# within window_ms}; or {'full'} when the caller must read everything (another epoch: the keys were
+# flushed or expired; trimmed past ``since``; more than ``most`` changes or aging instances).
+_READ_CHANGES = Script(None, (_PRELUDE + """
+prune(ARGV[2])
+local most = tonumber(ARGV[6])
+local log = redis.call('HMGET', KEYS[7], 'epoch', 'v', 'floor')
+local since, v = tonumber(ARGV[4]), tonumber(log[2] or '0')
+if log[1] ~= ARGV[3] or since < tonumber(log[3] or '0') or since > v then return {'full'} end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. since, '+inf', 'LIMIT', 0, most + 1)
+local aging = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now + tonumber(ARGV[5]), 'LIMIT', 0, most + 1)
+if #ids > most or #aging > most then return {'full'} end
+local found = {}
+for _, id in ipairs(ids) do
+  table.insert(found, id)
+  table.insert(found, redis.call('HGET', KEYS[1], id) or '')
+  table.insert(found, redis.call('HGET', KEYS[4], id) or '')
+  table.insert(found, redis.call('HGET', KEYS[5], id) or '')
+  table.insert(found, redis.call('HGET', KEYS[5], 'health:' .. id) or '')
+end
+local beats = {}
+for _, id in ipairs(aging) do
+  table.insert(beats, id)
+  table.insert(beats, redis.call('HGET', KEYS[4], id) or '')
+end
+return {'changes', now, v, found, beats}
 """).encode())
 
 # KEYS: all five. ARGV: channel, service, id, field, value ("" removes it), event.
@@ -127,6 +184,7 @@ else
   redis.call('HSET', KEYS[5], ARGV[4], ARGV[5])
   redis.call('PEXPIRE', KEYS[5], math.max(redis.call('PTTL', KEYS[1]), 1000))
 end
+changed(ARGV[3])
 publish(ARGV[6], ARGV[2], ARGV[3])
 return 1
 """).encode())
@@ -135,7 +193,7 @@ return 1
 SCHEMES = ("http", "https")
 
 
-# KEYS: records, deadlines, tombstones, beats. ARGV: channel, service. Prunes only (a sweep).
+# KEYS: keys.service_keys. ARGV: channel, service. Prunes only (a sweep).
 _PRUNE = Script(None, (_PRELUDE + """
 return prune(ARGV[2])
 """).encode())
@@ -339,6 +397,11 @@ class ServiceRegistry:
     def fetch(self, service):
         """(Redis server time in epoch seconds, live instances): the clock lets a caller judge
         heartbeat ages without trusting its own."""
+        read = self.read(service)
+        return read.server_now, read.instances
+
+    def read(self, service):
+        """Every live instance of ``service``, with the change position to pass to ``read_changes``."""
         validate_service(service)
         reply = _READ(keys=keys.service_keys(service), args=[keys.events_channel(), service],
                       client=self.connection)
@@ -350,14 +413,47 @@ class ServiceRegistry:
         found = []
         for n in range(0, len(records), 2):
             instance_id, raw = _text(records[n]), records[n + 1]
-            try:
-                instance = Instance.from_json(_text(raw), beat_of.get(instance_id))
-                if instance_id in draining or instance_id in failing:
-                    instance = replace(instance, draining=instance_id in draining, failing=instance_id in failing)
+            instance = _decode(service, raw, beat_of.get(instance_id), instance_id in draining, instance_id in failing)
+            if instance is not None:
                 found.append(instance)
-            except (ValueError, KeyError, TypeError):
-                logger.warning("Discovery: skipping an unreadable record of %s: %r", service, raw[:200])
-        return int(reply[0]) / 1000, sorted(found, key=lambda i: i.instance_id)
+        now = int(reply[0]) / 1000
+        # A script prunes at most 1,000 expired instances; any beyond that are dead all the same.
+        found = [i for i in found if not _expired(i, now)]
+        position = (_text(reply[4]), int(reply[5])) if reply[4] else None
+        return Read(now, sorted(found, key=lambda i: i.instance_id), position)
+
+    def read_changes(self, service, position, window, most=1000):
+        """What changed in ``service`` since the ``read``/``read_changes`` that returned ``position``:
+        a ``Changes``, or None when the caller must ``read`` everything (Redis was flushed or
+        restarted, the log was trimmed past ``position``, more than ``most`` changes). Heartbeats
+        are not changes: ``Changes.aging`` has the exact heartbeat of the instances whose deadline is
+        less than ``window`` seconds away; every other live instance's deadline is further away."""
+        validate_service(service)
+        if position is None:
+            return None
+        epoch, since = position
+        reply = _READ_CHANGES(keys=keys.service_keys(service),
+                              args=[keys.events_channel(), service, epoch, since, max(0, int(window * 1000)), most],
+                              client=self.connection)
+        if _text(reply[0]) != "changes":
+            return None
+        found, beats = reply[3], reply[4]
+        changed = {}
+        for n in range(0, len(found), 5):
+            instance_id, raw, beat, status, health = (_text(value) for value in found[n:n + 5])
+            changed[instance_id] = _decode(service, raw, beat or None, status == "draining", health == "failing") \
+                if raw else None
+        now = int(reply[1]) / 1000
+        aging = {}
+        for n in range(0, len(beats), 2):
+            instance_id, beat = _text(beats[n]), _text(beats[n + 1]).split()
+            if len(beat) == 3:
+                last_heartbeat, ttl = int(beat[1]) / 1000, int(beat[2]) / 1000
+                if last_heartbeat + ttl <= now:  # expired, not pruned yet (more than one script's worth)
+                    changed[instance_id] = None
+                else:
+                    aging[instance_id] = last_heartbeat
+        return Changes(now, changed, aging, (epoch, int(reply[2])), window)
 
     def set_draining(self, service, instance_id, draining=True):
         """Take an instance out of rotation (clients stop picking it while others remain) or put it
@@ -435,6 +531,35 @@ class ServiceRegistry:
     def all_instances(self):
         """{service: [Instance, ...]} for every live service: what an admin page lists."""
         return {name: self.instances(name) for name in self.services()}
+
+
+class Read(NamedTuple):
+    server_now: float  # epoch seconds, Redis server clock
+    instances: list
+    position: tuple | None  # (epoch, change number) for read_changes; None before the first change
+
+
+class Changes(NamedTuple):
+    server_now: float
+    changed: dict  # instance id -> Instance, or None where it left (deregistered or expired)
+    aging: dict  # instance id -> last heartbeat (epoch seconds) of those whose deadline is near
+    position: tuple
+    window: float  # every live instance not in ``aging`` has its deadline at least this far away
+
+
+def _expired(instance, now):
+    return not instance.is_fallback and instance.last_heartbeat + instance.ttl <= now
+
+
+def _decode(service, raw, beat, draining, failing):
+    try:
+        instance = Instance.from_json(_text(raw), beat)
+    except (ValueError, KeyError, TypeError):
+        logger.warning("Discovery: skipping an unreadable record of %s: %r", service, raw[:200])
+        return None
+    if draining or failing:
+        instance = replace(instance, draining=draining, failing=failing)
+    return instance
 
 
 def _per_node(conn, names):

@@ -121,16 +121,16 @@ def test_an_invalidation_during_a_fetch_is_not_lost(redis):
     registry = ServiceRegistry()
     registry.register("orders", "127.0.0.1", 9001, instance_id="one")
     client = DiscoveryClient("round-robin", listen=False, cache_ttl=3600)
-    fetch = client.registry.fetch
+    read = client.registry.read
 
-    def fetch_then_change(service):
-        # The fetch has read the registry; a change and its event land before it is cached.
-        result = fetch(service)
+    def read_then_change(service):
+        # The read has reached the registry; a change and its event land before it is cached.
+        result = read(service)
         registry.register("orders", "127.0.0.1", 9002, instance_id="two")
         client.invalidate("orders")
         return result
 
-    client.registry.fetch = fetch_then_change
+    client.registry.read = read_then_change
     assert {i.instance_id for i in client.instances("orders")} == {"one"}
-    client.registry.fetch = fetch
+    client.registry.read = read
     assert {i.instance_id for i in client.instances("orders")} == {"one", "two"}

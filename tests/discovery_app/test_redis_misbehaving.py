@@ -18,9 +18,13 @@ class CountingRegistry(ServiceRegistry):
         super().__init__(*args, **kwargs)
         self.fetches = 0
 
-    def fetch(self, service):
+    def read(self, service):
         self.fetches += 1
-        return super().fetch(service)
+        return super().read(service)
+
+    def read_changes(self, service, position, window, most=1000):
+        self.fetches += 1
+        return super().read_changes(service, position, window, most)
 
 
 @pytest.fixture
