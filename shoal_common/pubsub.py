@@ -4,6 +4,10 @@ It makes its connection inside the thread (nothing made in a pre-fork master is 
 message's data to ``on_message``, and after a lost subscription resubscribes with back-off and calls
 ``on_subscribed`` again: pub/sub is at most once, so a user that caches (the discovery client) drops
 what it may have missed then. A failing ``on_message`` is logged and the thread goes on.
+
+While subscribed it polls every ``POLL_SECONDS``; after each poll ``tick()`` runs (periodic work that
+must share the thread, e.g. discovery's expiry sweep), and ``idle()`` returning True ends the thread
+(nobody listens any more).
 """
 import logging
 import threading
@@ -17,8 +21,11 @@ logger = logging.getLogger("shoal_common.pubsub")
 class Subscriber(threading.Thread):
     POLL_SECONDS = 1.0
 
-    def __init__(self, channel, connect, on_message, *, name, on_subscribed=None, backoff_max=5.0, log=None):
+    def __init__(self, channel, connect, on_message, *, name, on_subscribed=None, backoff_max=5.0, log=None,
+                 tick=None, idle=None):
         super().__init__(name=name, daemon=True)
+        self.tick = tick
+        self.idle = idle
         self.channel = channel
         self.connect = connect  # () -> a redis client; called in this thread, once per (re)subscription
         self.on_message = on_message
@@ -48,9 +55,14 @@ class Subscriber(threading.Thread):
                                      self.failures)
                     self.failures = 0
                 while not self.stopping.is_set():
+                    if self.idle is not None and self.idle():
+                        self.stopping.set()
+                        break
                     message = pubsub.get_message(timeout=self.POLL_SECONDS)
                     if message is not None and message["type"] == "message":
                         self._deliver(message["data"])
+                    if self.tick is not None:
+                        self.tick()
             except TRANSIENT_ERRORS as exc:
                 self._failed(f"Redis unreachable ({exc}); resubscribing with back-off")
             except Exception:
