@@ -72,7 +72,20 @@ def check_streams_settings(app_configs=None, **kwargs):
     errors.extend(_check_supervisor(merged))
     errors.extend(_check_codec(merged["CODEC"]))
     errors.extend(_check_partitions(merged))
+    errors.extend(_check_leases(merged))
     return errors
+
+
+def _check_leases(merged):
+    ttl, interval = merged["LEASE_TTL_MS"], merged["LEASE_INTERVAL_MS"]
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (ttl, interval))
+    if numbers and interval * 2 >= ttl:
+        # One late or failed renewal must not cost a live consumer its partitions.
+        return [Error(f"STREAMS['LEASE_INTERVAL_MS'] ({interval} ms) is not below half of LEASE_TTL_MS ({ttl} ms): "
+                      "an ordered consumer's leases would lapse after a single late renewal.",
+                      hint="Renew at least three times per lease: e.g. LEASE_TTL_MS 10000 with LEASE_INTERVAL_MS 2000.",
+                      id="streams_app.E032")]
+    return []
 
 
 def _check_partitions(merged):

@@ -82,6 +82,15 @@ SETTINGS = (
             "cluster slot each, spread over the masters). ``publish(..., key=k)`` routes by CRC-32 of the key, "
             "without a key round-robin; ``@consumer(\"orders\", ...)`` reads every partition. Changing the count "
             "of a stream that has entries is refused (streams_app/partitions.py).", check_id="E031"),
+    Setting("LEASE_TTL_MS", 10_000, MILLISECONDS_INT,
+            "Ordered mode (``@consumer(..., ordered=True)``): how long a partition's lease lasts on the Redis clock "
+            "unless renewed. A consumer killed or paused longer than this loses its partitions; another takes them "
+            "over within LEASE_TTL_MS + LEASE_INTERVAL_MS. Keep it above the pauses a live process may have (GC, "
+            "VM migration): a pause past it hands the partition on (docs/cluster.md)."),
+    Setting("LEASE_INTERVAL_MS", 2_000, MILLISECONDS_INT,
+            "Ordered mode: how often each consumer heartbeats its group's membership, renews its leases and "
+            "rebalances (at most ceil(partitions / live consumers) each). Must be below half of LEASE_TTL_MS "
+            "(streams_app.E032).", check_id="E032"),
     # -- the runconsumer supervisor (--workers / --min-workers) ------------------------------
     Setting("TARGET_LAG", 100, POSITIVE_INT,
             "Autoscaling aims at this backlog (XINFO GROUPS ``lag``, summed over the selected groups): above "

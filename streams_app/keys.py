@@ -36,3 +36,15 @@ def liveness_key(stream):
 def snapshot_lock_key(stream, group):
     """Held briefly by the reclaim daemon that writes the group's snapshot row this interval."""
     return f"{hash_tag(stream)}:snapshot:{group}"
+
+
+def lease_key(stream, group):
+    """Ordered mode: who owns ``stream`` (a partition) for ``group``; in the partition's slot, so a
+    script can check it together with the stream (fencing)."""
+    return f"{hash_tag(stream)}:lease:{group}"
+
+
+def members_key(logical_stream, group):
+    """Ordered mode: member -> deadline (ms, Redis clock) of the consumers of ``group`` sharing the
+    leases of ``logical_stream``'s partitions."""
+    return f"{hash_tag(logical_stream)}:members:{group}"

@@ -50,6 +50,11 @@ class ConsumerSpec:
         return self.options.get("retention")
 
     @property
+    def ordered(self):
+        """Ordered mode: one owner per partition, one handler at a time (streams_app.consuming.ordered)."""
+        return bool(self.options.get("ordered"))
+
+    @property
     def name(self):
         return f"{self.stream}:{self.group}"
 
@@ -155,7 +160,7 @@ def handler_kind(handler):
 
 
 # Keyword arguments of consumer() after ``stream``: an unknown one is a typo of one of these.
-_OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention")
+_OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention", "ordered")
 
 
 def _refuse_unknown(options):
@@ -167,7 +172,7 @@ def _refuse_unknown(options):
 
 
 def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
-             retention=None, **options):
+             retention=None, ordered=False, **options):
     """Register ``handler(message)`` for ``group`` on ``stream``.
 
     ``start`` is where a new group begins: "0" (the whole stream) or "$" (only new entries).
@@ -175,7 +180,9 @@ def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5
     ``retry_backoff``: seconds before the first retry, doubling per delivery; or (base, cap).
     ``idempotent``: None, "redis" (a SET NX guard per message key) or "db" (a ProcessedMessage row
     written in the handler's own transaction). ``retention="acked"``: the reclaim daemon trims
-    entries every group of the stream has acknowledged.
+    entries every group of the stream has acknowledged. ``ordered=True``: each partition (a stream that is
+    not partitioned is one partition) is read by one consumer of the group at a time, through a lease,
+    one message at a time, so per-key order holds (docs/cluster.md "Ordered mode").
 
     ``handler`` may be a function (run in a handler thread) or an ``async def`` (awaited on the
     worker's event loop). Generator functions and non-callables are refused.
@@ -212,7 +219,10 @@ def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5
         raise ConsumerConfigError(f"idempotent must be None, 'redis' or 'db', not {idempotent!r}")
     if retention not in RETENTION_CHOICES:
         raise ConsumerConfigError(f"retention must be None or 'acked', not {retention!r}")
-    options = {"retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent, "retention": retention}
+    if not isinstance(ordered, bool):
+        raise ConsumerConfigError(f"ordered must be True or False, not {ordered!r}")
+    options = {"retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent, "retention": retention,
+               "ordered": ordered}
 
     def register(handler):
         is_async = handler_kind(handler) == "async"

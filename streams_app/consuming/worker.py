@@ -31,7 +31,9 @@ from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_c
 from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.leases import LeaseTable
 from streams_app.consuming.loop import GroupLoop
+from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.naming import consumer_name
 
 logger = logging.getLogger("streams_app.consumer")
@@ -80,6 +82,7 @@ class Worker:
         self.liveness_due = 0.0
         self.heartbeat = heartbeat
         self.can_unblock = True  # False when the Redis user may not run CLIENT LIST / CLIENT UNBLOCK
+        self.leases = LeaseTable(self.name, config, clock)  # ordered consumers' partition leases
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -111,6 +114,7 @@ class Worker:
         self.executor.shutdown(wait=not self.stuck, cancel_futures=True)
         if self.event_loop is not None:
             self.stuck += self.event_loop.shutdown()
+        self.leases.leave()  # the read loops have ended: release what they still hold, leave the members
         self.forget_liveness()
         broadcast.stop_listener()
         chunks.failure_log.flush()
@@ -137,8 +141,9 @@ class Worker:
         if any(spec.is_async for spec in self.specs):
             self.event_loop = EventLoopRunner(self.concurrency)
         for spec in self.specs:
-            loop = GroupLoop(
-                spec, self.name, conn=conn, reader=self._connect(self.reader_client_name),
+            loop_class, ordered = (OrderedGroupLoop, {"lease": self.leases.lease_for(spec)}) if spec.ordered else (GroupLoop, {})
+            loop = loop_class(
+                spec, self.name, conn=conn, reader=self._connect(self.reader_client_name), **ordered,
                 executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
             )
@@ -149,6 +154,7 @@ class Worker:
             self.loops.append(loop)
             self.threads_.append(thread)
             thread.start()
+        self.leases.start(conn)
 
     def check_client_commands(self, conn):
         """Find out once whether this Redis user may run CLIENT LIST (CLIENT UNBLOCK is in the same ACL
@@ -301,7 +307,7 @@ class Worker:
             nodes = {id(node): node for node in (node_client(conn, stream) for stream in self.streams)}
             for node in nodes.values():
                 for client in node.client_list():
-                    if client.get("name") == self.reader_client_name and client.get("cmd") == "xreadgroup":
+                    if client.get("name") == self.reader_client_name and client.get("cmd") in ("xreadgroup", "xread"):
                         node.client_unblock(int(client["id"]))
         except TRANSIENT_ERRORS:
             pass  # the blocked read ends by itself within BLOCK_MS

@@ -37,3 +37,10 @@ def test_pending_timeout_below_block_warns(settings):
 def test_broadcast_channel_must_be_a_name(settings):
     assert ids({"BROADCAST_CHANNEL": ""}, settings) == ["streams_app.E020"]
     assert ids({"BROADCAST_CHANNEL": "team-a:broadcast"}, settings) == []
+
+
+def test_a_lease_interval_not_below_half_the_ttl_is_an_error(settings):
+    settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": 1500}
+    assert "streams_app.E032" in {e.id for e in check_streams_settings()}
+    settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": 1000}
+    assert "streams_app.E032" not in {e.id for e in check_streams_settings()}

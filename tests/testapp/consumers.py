@@ -393,3 +393,29 @@ async def spawns_and_forgets(message):
 
     asyncio.get_running_loop().create_task(later())
     record("handled", message)
+
+
+# -- ordered mode (tests/streams_app/consuming/test_ordered.py; STREAMS["PARTITIONS"] there) ---------
+
+def _redis_ms(conn):
+    seconds, micros = conn.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@consumer("ordered", group="o", ordered=True, max_deliveries=3, retry_backoff=0.05)
+def records_its_order(message):
+    """``seen:<key>`` gets the payload's ``n`` (RPUSH), and ``trace`` "partition consumer start end"
+    (Redis clock, ms), so a test checks per-key order and that no two handlers of one partition overlapped.
+    ``fail``: raise on deliveries below it; ``sleep``: seconds."""
+    conn = get_connection()
+    payload = message.payload
+    started = _redis_ms(conn)
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if message.deliveries < payload.get("fail", 0):
+        raise RuntimeError(f"asked to fail delivery {message.deliveries}")
+    conn.rpush(f"seen:{payload['key']}", payload["n"])
+    conn.rpush("trace", f"{message.stream} {message.consumer} {started} {_redis_ms(conn)}")
+
+
+consumer("single", group="o", ordered=True, retry_backoff=0.05)(records_its_order)

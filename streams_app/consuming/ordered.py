@@ -1,0 +1,275 @@
+"""Ordered mode (``@consumer(..., ordered=True)``): one owner per partition, one message at a time.
+
+A partition's read loop acts only while this process holds the partition's lease
+(streams_app.consuming.leases). Every command that changes the group's state is a script that
+checks the lease token first, in the partition's slot: the read (XREADGROUP), the takeover of what
+a previous owner left pending, the redelivery of a failed entry, and the ack. A process that lost
+its lease (paused past LEASE_TTL_MS, cut off from Redis) therefore cannot read, take, redeliver or
+ack anything of that partition any more, whatever it believes. Handlers are not fenced by Redis: a
+handler is started only while the local lease deadline has not passed, but one already running when
+the process pauses may finish after another consumer took the partition over (docs/cluster.md).
+
+Order: handlers of one partition run one at a time, in entry id order. A failed entry blocks its
+partition (Kafka-like): it is retried after its back-off, and the entries after it wait, until it
+succeeds or goes to the dead-letter stream at max_deliveries. Retrying it out of order would let a
+later message of the same key overtake it, which is what ordered mode exists to prevent. A new owner
+first takes every entry pending in the partition (whoever held them) and hands those out, in id
+order, before it reads new ones.
+"""
+import functools
+import logging
+import time
+
+from shoal_common.text import to_text
+from streams_app import scripts
+from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
+from streams_app.consuming.loop import GroupLoop
+from streams_app.consuming.outcomes import ChunkResult
+from streams_app.consuming.retry import backoff_seconds
+from streams_app.deadletters import store as deadletters
+
+logger = logging.getLogger("streams_app.consumer")
+
+# An idle loop (lease not held) waits this long for a grant between checks of the shutdown.
+IDLE_WAIT_SECONDS = 0.25
+# Ids per fenced XACK script call (Lua's unpack is bounded).
+ACK_BATCH = 1000
+
+
+def run_in_order(handler, messages, guard=None, budget=None, *, still_owner):
+    """Run a sync handler on ``messages`` one after the other; stop at the first failure.
+
+    What follows a failed message is neither run nor handed back: it stays pending for this
+    consumer, and the loop hands it out again after the failed one (``OrderedGroupLoop.replay``).
+    Nothing is started once ``still_owner()`` says the lease is gone.
+    """
+    total = ChunkResult()
+    started = time.perf_counter()
+    done = 0
+    for index, message in enumerate(messages):
+        if not still_owner():
+            break
+        if budget is not None and index and time.perf_counter() - started > budget:
+            total.left = messages[index:]
+            break
+        result = run_chunk(handler, [message], guard)
+        done += 1
+        total.acked += result.acked
+        total.failed += result.failed
+        if result.failed:
+            break
+    total.seconds_per_message = (time.perf_counter() - started) / max(done, 1)
+    return total
+
+
+def _fields(flat):
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+class OrderedGroupLoop(GroupLoop):
+    """The read loop of one partition in ordered mode; ``lease`` is shared with the Coordinator."""
+
+    def __init__(self, spec, consumer, *, lease, **kwargs):
+        super().__init__(spec, consumer, **kwargs)
+        self.lease = lease
+        self.lease_key = lease.key
+        self.threads = 1
+        self.slots = 1  # one chunk in flight: no two handlers of a partition at once
+        if spec.is_async:
+            self.run_chunk = run_chunk_async
+            self.max_chunk = 1
+        else:
+            self.run_chunk = functools.partial(run_in_order, still_owner=lease.valid)
+            self.max_chunk = self.batch
+        self.chunk_size = self.max_chunk
+        self.replaying = False  # entries pending for this consumer go out (in id order) before new ones
+
+    # -- one pass -----------------------------------------------------------------------------
+
+    def tick(self, now=None):
+        now = self.clock() if now is None else now
+        if not self.ready:
+            ensure_group(self.conn, self.stream, self.group, self.last_read_id or self.spec.start)
+            self.ready = True
+        self.collect()
+        lease = self.lease
+        if lease.state == TAKEN and lease.valid(now) and not self.chunks:
+            self.take_partition()
+        if lease.state not in (OWNED, RELEASING) or not lease.valid(now):
+            self._not_owner()
+            return
+        self.flush_acks()
+        self.flush_failures()
+        self.keep_alive(now)
+        if self.chunks:
+            self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))
+            self.flush_acks()
+            self.flush_failures()
+            return
+        if lease.state == RELEASING:
+            if not self.to_ack:
+                self.release()
+            return
+        capacity = max(1, min(self.batch, self.chunk_size, self._time_room()))
+        if self.replaying:
+            self.dispatch(self.replay(capacity, now))
+        else:
+            self.dispatch(self.read_owned(capacity, now))
+
+    def _not_owner(self):
+        """Not ours (or not trusted now): finish what runs, start nothing; the owner redelivers the rest."""
+        if self.chunks:
+            self.collect(timeout=0.1)
+            return
+        if self.to_ack:
+            self.flush_acks()  # fenced: refused unless the lease is still ours in Redis
+        self.errors, self.to_dead_letter, self.replaying = [], [], False
+        self.lease.granted_event.wait(IDLE_WAIT_SECONDS)
+
+    # -- fenced commands ------------------------------------------------------------------------
+
+    def _run(self, name, args):
+        return scripts.run(self.conn, name, [self.stream, self.lease_key], args)
+
+    def _lost(self, token, what):
+        if self.lease.token == token and token is not None:
+            logger.warning("Consumer %s: Redis refused to %s %s/%s: another consumer holds its lease now (this "
+                           "process was paused or cut off past LEASE_TTL_MS); it stops acting on that partition",
+                           self.consumer, what, self.stream, self.group)
+        self.lease.lost(token)
+        self.replaying = False
+
+    def take_partition(self):
+        """As a new owner: take every entry pending in the partition, to hand them out first, in order."""
+        token = self.lease.token
+        taken = self._run("ordered_takeover", [self.group, self.consumer, token])
+        if taken == -1:
+            self._lost(token, "take over")
+            return
+        self.lease.taken_over(token)
+        self.replaying = True
+        self.errors, self.to_dead_letter = [], []
+        logger.info("Consumer %s: owns %s/%s (took over %d pending entries)", self.consumer, self.stream,
+                    self.group, taken)
+
+    def read_owned(self, count, now):
+        """New entries (fenced XREADGROUP); when there are none, block on XREAD until some arrive."""
+        token = self.lease.token
+        reply = self._run("ordered_read", [self.group, self.consumer, token, count])
+        if reply is None:
+            self._lost(token, "read")
+            return []
+        found, body = reply
+        if found:
+            entries = [(to_text(entry_id), _fields(flat), 1) for entry_id, flat in body]
+            self.last_read_id = entries[-1][0]
+            return entries
+        # A plain XREAD changes nothing in the group: what it sees is read next pass, fenced. It ends
+        # before the lease's local deadline, so a lease lost meanwhile is noticed.
+        block = int(min(self.block_ms, (self.lease.deadline - now) * 1000))
+        if block < 1:
+            return []
+        self.reading = True
+        try:
+            if not self.shutdown.is_set():
+                self.reader.xread({self.stream: body}, count=1, block=block)
+        finally:
+            self.reading = False
+        return []
+
+    def replay(self, count, now):
+        """This consumer's pending entries, in id order: a failed head after its back-off, then the rest."""
+        rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=count,
+                                        consumername=self.consumer)
+        busy = set(self.to_ack) | {failure[0] for failure in self.to_dead_letter}
+        rows = [row for row in rows if to_text(row["message_id"]) not in busy]
+        if not rows:
+            self.replaying = False
+            return []
+        head, deliveries = to_text(rows[0]["message_id"]), rows[0]["times_delivered"]
+        if deliveries >= self.max_deliveries:
+            self.to_dead_letter.append((head, deadletters.RECORDED_ERROR, ""))
+            return []
+        wait = backoff_seconds(deliveries, self.retry_base, self.retry_cap) - rows[0]["time_since_delivered"] / 1000
+        if wait > 0:
+            self.shutdown.wait(min(wait, 0.5))
+            return []
+        token = self.lease.token
+        ids = [to_text(row["message_id"]) for row in rows]
+        reply = self._run("ordered_replay", [self.group, self.consumer, token, *ids])
+        if reply is None:
+            self._lost(token, "redeliver")
+            return []
+        claimed, rest = reply
+        entries = [(to_text(i), _fields(flat), deliveries + 1) for i, flat in claimed if flat]
+        if not entries:
+            self.to_ack.append(head)  # deleted from the stream (trimmed): nothing left to handle
+        for row, found in zip(rows[1:], rest):
+            if found:
+                entries.append((to_text(found[0]), _fields(found[1]), max(1, row["times_delivered"])))
+            else:
+                self.to_ack.append(to_text(row["message_id"]))
+        return entries
+
+    def flush_acks(self):
+        if not self.to_ack:
+            return
+        token = self.lease.token
+        if token is None:
+            logger.info("Consumer %s: %d handled entries of %s/%s not acked: the lease is gone, the new owner "
+                        "delivers them again", self.consumer, len(self.to_ack), self.stream, self.group)
+            self.to_ack = []
+            return
+        for start in range(0, len(self.to_ack), ACK_BATCH):
+            if self._run("ordered_ack", [self.group, token, *self.to_ack[start:start + ACK_BATCH]]) == -1:
+                self._lost(token, "acknowledge")
+                self.to_ack = []
+                return
+        self.handled += len(self.to_ack)
+        self.to_ack = []
+
+    def flush_failures(self):
+        # Dead-letter moves and last errors are not fenced in Redis: they go only while the lease
+        # is trusted locally; otherwise the new owner redelivers the entry and records them itself.
+        if not self.lease.valid():
+            self.errors, self.to_dead_letter = [], []
+            return
+        super().flush_failures()
+
+    # -- failures: block the partition ---------------------------------------------------------
+
+    def on_failure(self, outcome):
+        super().on_failure(outcome)
+        self.replaying = True
+
+    def _schedule_retry(self, entry_id, deliveries):
+        self.replaying = True  # the back-off is read from the PEL (time since delivery) by replay()
+
+    def _submit(self, messages):
+        if not self.lease.valid():
+            return  # left pending: the partition's owner hands them out
+        super()._submit(messages)
+
+    def _adapt_chunk(self, seconds):
+        super()._adapt_chunk(seconds)
+        self.chunk_size = self.max_chunk
+
+    # -- leaving ---------------------------------------------------------------------------------
+
+    def release(self):
+        """Give the lease back once nothing of ours is in flight, so the next owner starts at once."""
+        self.lease.release(self.conn)
+        self.replaying = False
+        logger.info("Consumer %s: released the lease of %s/%s", self.consumer, self.stream, self.group)
+
+    def drain(self):
+        super().drain()
+        if self.lease.holding:
+            try:
+                self.flush_acks()
+            except TRANSIENT_ERRORS:
+                pass
+            self.release()

@@ -1,0 +1,260 @@
+"""Ordered mode (``@consumer(..., ordered=True)``): partition leases, fencing, per-key order, rebalancing.
+
+Handlers in tests/testapp/consumers.py (``records_its_order``) record ``seen:<key>`` and a ``trace`` of
+"partition consumer start end" on the Redis clock, so the tests check per-key order and that no two
+handlers of one partition ever ran at the same time, across real runconsumer processes.
+"""
+import signal
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from streams_app import partitions, publish, publish_many
+from streams_app.conf import get_settings
+from streams_app.connection import dedicated_connection, get_connection
+from streams_app.consuming.leases import Coordinator, Lease
+from streams_app.consuming.ordered import OrderedGroupLoop
+from streams_app.consuming.worker import Shutdown
+from streams_app.exceptions import ConsumerConfigError
+from streams_app.keys import lease_key
+from streams_app.registry import consumer, select
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.both_redis
+
+N = 4
+# Short leases so takeover after a SIGKILL is quick; the interval stays below a third of the TTL.
+LEASES = {"LEASE_TTL_MS": 2000, "LEASE_INTERVAL_MS": 400}
+
+
+@pytest.fixture
+def ordered(settings, redis):
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"ordered": N}, **LEASES}
+    return partitions.names("ordered")
+
+
+def owners(redis, names, group="o"):
+    """Partition -> consumer name holding its lease (None when free)."""
+    values = [redis.get(lease_key(name, group)) for name in names]
+    return {name: value.rsplit("#", 1)[0] if value else None for name, value in zip(names, values)}
+
+
+def consumer_of(proc):
+    return proc.pid  # consumer names are host-<pid>-<random>
+
+
+def held_by_pid(redis, names):
+    counts = defaultdict(int)
+    for owner in owners(redis, names).values():
+        if owner is not None:
+            counts[int(owner.rsplit("-", 2)[1])] += 1
+    return dict(counts)
+
+
+def assert_per_key_order(redis, keys, expected):
+    """Every n of each key handled; in order (a takeover may repeat a suffix, never reorder)."""
+    for key in keys:
+        seen = [int(n) for n in redis.lrange(f"seen:{key}", 0, -1)]
+        assert sorted(set(seen)) == expected[key], f"{key}: lost entries, saw {seen}"
+        first = list(dict.fromkeys(seen))
+        last = list(dict.fromkeys(reversed(seen)))[::-1]
+        assert first == expected[key] and last == expected[key], f"{key}: out of order: {seen}"
+
+
+def assert_no_overlap(redis):
+    """No two handlers of one partition ran at once (each trace interval starts after the previous ended)."""
+    by_partition = defaultdict(list)
+    for line in redis.lrange("trace", 0, -1):
+        partition, name, start, end = line.split()
+        by_partition[partition].append((int(start), int(end), name))
+    assert by_partition
+    for partition, runs in by_partition.items():
+        runs.sort()
+        for (_, end, name), (start, _, other) in zip(runs, runs[1:]):
+            assert start >= end, f"{partition}: {other} started at {start} while {name} ran until {end}"
+
+
+def keyed(count, keys, first=0, **extra):
+    payloads = [{"key": keys[n % len(keys)], "n": n, **extra} for n in range(first, first + count)]
+    return payloads, [p["key"] for p in payloads]
+
+
+def expected_of(payload_lists):
+    expected = defaultdict(list)
+    for payloads in payload_lists:
+        for p in payloads:
+            expected[p["key"]].append(p["n"])
+    return expected
+
+
+# -- in one process: the lease, fencing, a failing entry --------------------------------------
+
+def test_ordered_must_be_a_boolean():
+    with pytest.raises(ConsumerConfigError, match="ordered must be True or False"):
+        consumer("x", group="g", ordered="yes")
+
+
+@pytest.fixture
+def make_ordered(redis, settings):
+    settings.STREAMS = {**settings.STREAMS, "LEASE_TTL_MS": 300, "LEASE_INTERVAL_MS": 100}
+    executors = []
+
+    def make(name, selector="single:o"):
+        [spec] = select([selector])
+        config = {**get_settings(), "BLOCK_MS": 50}
+        lease = Lease(spec.stream, spec.group, name, config["LEASE_TTL_MS"])
+        executor = ThreadPoolExecutor(1)
+        executors.append(executor)
+        loop = OrderedGroupLoop(spec, name, lease=lease, conn=get_connection(), reader=dedicated_connection(f"t-{name}"),
+                                executor=executor, threads=1, shutdown=Shutdown(), config=config)
+        coordinator = Coordinator(get_connection(), spec.logical, spec.group, name, [lease], ttl_ms=config["LEASE_TTL_MS"],
+                                  interval_ms=config["LEASE_INTERVAL_MS"])
+        return loop, coordinator
+
+    yield make
+    for executor in executors:
+        executor.shutdown(wait=True)
+
+
+def test_an_owner_paused_past_the_lease_can_neither_ack_nor_read(redis, make_ordered):
+    a, a_leases = make_ordered("a")
+    b, b_leases = make_ordered("b")
+    ids = [publish("single", {"key": "k", "n": n}) for n in range(3)]
+    a_leases.tick()
+    a.tick()  # takes the partition over (nothing pending)
+    assert a.lease.state == "owned"
+    assert [entry[0] for entry in a.read_owned(10, time.monotonic())] == ids
+    # "a" is paused: no renewal. Its lease lapses on the Redis clock and "b" gets it.
+    wait_for(lambda: redis.get(lease_key("single", "o")) is None, timeout=5, what="the lease to lapse")
+    b_leases.tick()
+    assert b.lease.state == "taken"
+    b.tick()  # takes over what "a" read and hands it out again, in order
+    assert b.lease.state == "owned" and b.replaying
+
+    # "a" wakes up and acts as if it still owned the partition: Redis refuses both.
+    a.to_ack = list(ids)
+    a.flush_acks()
+    assert a.lease.state == "free" and not a.to_ack
+    pending = redis.xpending_range("single", "o", min="-", max="+", count=10)
+    assert [p["message_id"] for p in pending] == ids and {p["consumer"] for p in pending} == {"b"}
+    publish("single", {"key": "k", "n": 3})
+    a.lease.granted("a#1", time.monotonic())  # even with its stale token it believes in
+    a.lease.taken_over("a#1")
+    assert a.read_owned(10, time.monotonic()) == [] and a.lease.state == "free"
+    assert redis.xpending("single", "o")["pending"] == 3  # the new entry was not read by "a"
+
+
+def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_ordered):
+    loop, leases = make_ordered("a")
+    publish("single", {"key": "k", "n": 0, "fail": 3})  # fails deliveries 1 and 2
+    for n in (1, 2):
+        publish("single", {"key": "k", "n": n})
+    leases.tick()
+    deadline = time.monotonic() + 20
+    while redis.llen("seen:k") < 3:
+        assert time.monotonic() < deadline, redis.lrange("seen:k", 0, -1)
+        leases.tick()
+        loop.tick()
+    assert redis.lrange("seen:k", 0, -1) == ["0", "1", "2"]
+    while redis.xpending("single", "o")["pending"]:
+        assert time.monotonic() < deadline, "the last entry was not acked"
+        loop.tick()
+
+
+def test_a_clean_stop_releases_the_lease_at_once(redis, make_ordered):
+    loop, leases = make_ordered("a")
+    leases.tick()
+    loop.tick()
+    assert redis.get(lease_key("single", "o")) == "a#1"
+    loop.shutdown.set()
+    loop.drain()
+    leases.leave()
+    assert redis.get(lease_key("single", "o")) is None
+    assert redis.hgetall("{single}:members:o") == {}
+
+
+# -- real runconsumer processes ------------------------------------------------------------------
+
+def sample_leases(redis, names, stop, samples):
+    while not stop.is_set():
+        samples.append(owners(redis, names))
+        stop.wait(0.02)
+
+
+@pytest.mark.slow
+def test_join_and_clean_leave_rebalance_and_no_partition_has_two_handlers(ordered, redis, run_consumer):
+    streams = {"PARTITIONS": {"ordered": N}, **LEASES}
+    keys = [f"customer-{k}" for k in range(12)]
+    stop, samples = threading.Event(), []
+    sampler = threading.Thread(target=sample_leases, args=(redis, ordered, stop, samples), daemon=True)
+    sampler.start()
+    first = run_consumer("ordered:o", "--threads", "2", streams=streams)
+    wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N}, timeout=60, what="the first consumer to hold all")
+    sent = []
+    batch, names = keyed(100, keys, sleep=0.002)
+    publish_many("ordered", batch, keys=names)
+    sent.append(batch)
+
+    joined = time.monotonic()
+    second = run_consumer("ordered:o", "--threads", "2", streams=streams)
+    for i in range(1, 4):  # traffic while the second joins
+        batch, names = keyed(100, keys, first=100 * i, sleep=0.002)
+        publish_many("ordered", batch, keys=names)
+        sent.append(batch)
+    wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N // 2, second.pid: N // 2}, timeout=60,
+             what="two leases each")
+    join_seconds = time.monotonic() - joined
+
+    left = time.monotonic()
+    second.signal(signal.SIGTERM)
+    batch, names = keyed(100, keys, first=400, sleep=0.002)
+    publish_many("ordered", batch, keys=names)
+    sent.append(batch)
+    wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N}, timeout=60, what="the first to hold all again")
+    leave_seconds = time.monotonic() - left
+    assert second.wait(timeout=60) == 0, second.output()
+
+    expected = expected_of(sent)
+    wait_for(lambda: sum(redis.llen(f"seen:{k}") for k in keys) >= 500, timeout=90, what="500 handled")
+    stop.set()
+    sampler.join()
+    assert_per_key_order(redis, keys, expected)
+    assert_no_overlap(redis)
+    names_seen = {owner for sample in samples for owner in sample.values() if owner}
+    assert len(names_seen) == 2 and all(str(p.pid) in " ".join(names_seen) for p in (first, second))
+    # Clean leave: the leases came back at once, not after a lapse of LEASE_TTL_MS.
+    assert leave_seconds < LEASES["LEASE_TTL_MS"] / 1000, leave_seconds
+    print(f"rebalance after a join {join_seconds:.2f}s, after a clean leave {leave_seconds:.2f}s")
+
+
+@pytest.mark.slow
+def test_per_key_order_holds_across_a_sigkill_of_one_of_two_consumers(ordered, redis, run_consumer):
+    streams = {"PARTITIONS": {"ordered": N}, **LEASES}
+    keys = [f"customer-{k}" for k in range(16)]
+    first = run_consumer("ordered:o", "--threads", "2", streams=streams)
+    second = run_consumer("ordered:o", "--threads", "2", streams=streams)
+    wait_for(lambda: sorted(held_by_pid(redis, ordered).values()) == [N // 2, N // 2], timeout=60,
+             what="two leases each")
+    sent = []
+    batch, names = keyed(300, keys, sleep=0.003)
+    publish_many("ordered", batch, keys=names)
+    sent.append(batch)
+    wait_for(lambda: redis.llen("trace") >= 60, timeout=60, what="some handled")
+    second.kill()  # SIGKILL: no release; its leases lapse on the Redis clock
+    killed = time.monotonic()
+    batch, names = keyed(300, keys, first=300, sleep=0.001)
+    publish_many("ordered", batch, keys=names)
+    sent.append(batch)
+    wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N}, timeout=60, what="the survivor to hold all")
+    takeover = time.monotonic() - killed
+    wait_for(lambda: len({(k, n) for k in keys for n in redis.lrange(f"seen:{k}", 0, -1)}) >= 600, timeout=120,
+             what="all 600 handled")
+    assert_per_key_order(redis, keys, expected_of(sent))
+    assert_no_overlap(redis)
+    ttl, interval = LEASES["LEASE_TTL_MS"] / 1000, LEASES["LEASE_INTERVAL_MS"] / 1000
+    assert takeover <= ttl + interval + 2.0, takeover  # + polling and a loaded machine's slack
+    assert first.proc.poll() is None, first.output()
+    print(f"takeover after SIGKILL {takeover:.2f}s (lease {ttl}s + interval {interval}s)")
