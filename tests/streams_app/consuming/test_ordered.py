@@ -11,6 +11,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from prometheus_client import REGISTRY
 
 from streams_app import partitions, publish, publish_many
 from streams_app.conf import get_settings
@@ -164,16 +165,23 @@ def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_orde
         loop.tick()
 
 
+def held_metric(consumer_name):
+    return REGISTRY.get_sample_value("shoal_partitions_held", {"logical_stream": "single", "group": "o",
+                                                                "consumer": consumer_name})
+
+
 def test_a_clean_stop_releases_the_lease_at_once(redis, make_ordered):
     loop, leases = make_ordered("a")
     leases.tick()
     loop.tick()
     assert redis.get(lease_key("single", "o")) == "a#1"
+    assert held_metric("a") == 1
     loop.shutdown.set()
     loop.drain()
     leases.leave()
     assert redis.get(lease_key("single", "o")) is None
     assert redis.hgetall("{single}:members:o") == {}
+    assert held_metric("a") is None
 
 
 # -- real runconsumer processes ------------------------------------------------------------------
@@ -198,8 +206,10 @@ def test_join_and_clean_leave_rebalance_and_no_partition_has_two_handlers(ordere
     publish_many("ordered", batch, keys=names)
     sent.append(batch)
 
-    joined = time.monotonic()
     second = run_consumer("ordered:o", "--threads", "2", streams=streams)
+    wait_for(lambda: any(f"-{second.pid}-" in m for m in redis.hkeys("{ordered}:members:o")), timeout=60,
+             what="the second consumer to join")
+    joined = time.monotonic()
     for i in range(1, 4):  # traffic while the second joins
         batch, names = keyed(100, keys, first=100 * i, sleep=0.002)
         publish_many("ordered", batch, keys=names)
