@@ -125,7 +125,8 @@ class Lease:
 class Coordinator:
     """Heartbeat, renew, shed above the fair share, acquire up to it: one pass is ``tick()``."""
 
-    def __init__(self, conn, logical_stream, group, consumer, leases, *, ttl_ms, interval_ms, clock=time.monotonic):
+    def __init__(self, conn, logical_stream, group, consumer, leases, *, ttl_ms, interval_ms, clock=time.monotonic,
+                 closing=None):
         self.conn = conn
         self.logical_stream = logical_stream
         self.group = group
@@ -136,6 +137,9 @@ class Coordinator:
         self.clock = clock
         self.members_key = keys.members_key(logical_stream, group)
         self.stopping = threading.Event()
+        # Set when the worker stops reading: leases are still renewed (in-flight handlers finish under
+        # them) but no new one is taken, since no read loop would use it.
+        self.closing = closing or threading.Event()
         self.thread = None
         self.failures = 0
 
@@ -178,7 +182,7 @@ class Coordinator:
         for lease in preferred:
             if len(keep) >= share:
                 break
-            if lease.state == FREE and self._acquire(lease):
+            if lease.state == FREE and not self.closing.is_set() and self._acquire(lease):
                 keep.append(lease)
         for lease in preferred:
             if lease.state in (TAKEN, OWNED) and lease not in keep:
@@ -241,10 +245,10 @@ class LeaseTable:
         self.groups.setdefault((spec.logical, spec.group), []).append(lease)
         return lease
 
-    def start(self, conn):
+    def start(self, conn, closing):
         for (logical_stream, group), leases in sorted(self.groups.items()):
             coordinator = Coordinator(conn, logical_stream, group, self.consumer, leases, ttl_ms=self.ttl_ms,
-                                      interval_ms=self.interval_ms, clock=self.clock)
+                                      interval_ms=self.interval_ms, clock=self.clock, closing=closing)
             coordinator.start()
             self.coordinators.append(coordinator)
 

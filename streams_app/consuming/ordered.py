@@ -35,6 +35,8 @@ logger = logging.getLogger("streams_app.consumer")
 
 # An idle loop (lease not held) waits this long for a grant between checks of the shutdown.
 IDLE_WAIT_SECONDS = 0.25
+# A held lease past its local deadline is looked at again this often (a late renewal may restore it).
+UNTRUSTED_WAIT_SECONDS = 0.05
 # Ids per fenced XACK script call (Lua's unpack is bounded).
 ACK_BATCH = 1000
 
@@ -127,12 +129,18 @@ class OrderedGroupLoop(GroupLoop):
         if self.to_ack:
             self.flush_acks()  # fenced: refused unless the lease is still ours in Redis
         self.errors, self.to_dead_letter, self.replaying = [], [], False
-        self.lease.granted_event.wait(IDLE_WAIT_SECONDS)
+        if self.lease.holding:
+            self.shutdown.wait(UNTRUSTED_WAIT_SECONDS)  # held but past our deadline: a renewal may come
+        else:
+            self.lease.granted_event.wait(IDLE_WAIT_SECONDS)
 
     # -- fenced commands ------------------------------------------------------------------------
 
-    def _run(self, name, args):
-        return scripts.run(self.conn, name, [self.stream, self.lease_key], args)
+    def _fenced(self, name, token, *args):
+        """Run a fenced script; None when Redis refused it (not our lease) or we hold no token any more."""
+        if token is None:  # the Coordinator found the lease lost since the caller looked
+            return None
+        return scripts.run(self.conn, name, [self.stream, self.lease_key], list(args))
 
     def _lost(self, token, what):
         if self.lease.token == token and token is not None:
@@ -145,8 +153,8 @@ class OrderedGroupLoop(GroupLoop):
     def take_partition(self):
         """As a new owner: take every entry pending in the partition, to hand them out first, in order."""
         token = self.lease.token
-        taken = self._run("ordered_takeover", [self.group, self.consumer, token])
-        if taken == -1:
+        taken = self._fenced("ordered_takeover", token, self.group, self.consumer, token)
+        if taken is None:
             self._lost(token, "take over")
             return
         self.lease.taken_over(token)
@@ -158,7 +166,7 @@ class OrderedGroupLoop(GroupLoop):
     def read_owned(self, count, now):
         """New entries (fenced XREADGROUP); when there are none, block on XREAD until some arrive."""
         token = self.lease.token
-        reply = self._run("ordered_read", [self.group, self.consumer, token, count])
+        reply = self._fenced("ordered_read", token, self.group, self.consumer, token, count)
         if reply is None:
             self._lost(token, "read")
             return []
@@ -199,7 +207,7 @@ class OrderedGroupLoop(GroupLoop):
             return []
         token = self.lease.token
         ids = [to_text(row["message_id"]) for row in rows]
-        reply = self._run("ordered_replay", [self.group, self.consumer, token, *ids])
+        reply = self._fenced("ordered_replay", token, self.group, self.consumer, token, *ids)
         if reply is None:
             self._lost(token, "redeliver")
             return []
@@ -224,7 +232,7 @@ class OrderedGroupLoop(GroupLoop):
             self.to_ack = []
             return
         for start in range(0, len(self.to_ack), ACK_BATCH):
-            if self._run("ordered_ack", [self.group, token, *self.to_ack[start:start + ACK_BATCH]]) == -1:
+            if self._fenced("ordered_ack", token, self.group, token, *self.to_ack[start:start + ACK_BATCH]) is None:
                 self._lost(token, "acknowledge")
                 self.to_ack = []
                 return

@@ -154,7 +154,7 @@ class Worker:
             self.loops.append(loop)
             self.threads_.append(thread)
             thread.start()
-        self.leases.start(conn)
+        self.leases.start(conn, closing=self.shutdown)
 
     def check_client_commands(self, conn):
         """Find out once whether this Redis user may run CLIENT LIST (CLIENT UNBLOCK is in the same ACL

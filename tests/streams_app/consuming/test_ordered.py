@@ -4,10 +4,11 @@ Handlers in tests/testapp/consumers.py (``records_its_order``) record ``seen:<ke
 "partition consumer start end" on the Redis clock, so the tests check per-key order and that no two
 handlers of one partition ever ran at the same time, across real runconsumer processes.
 """
+import os
 import signal
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +23,7 @@ from streams_app.consuming.worker import Shutdown
 from streams_app.exceptions import ConsumerConfigError
 from streams_app.keys import lease_key
 from streams_app.registry import consumer, select
+from tests.processes import descendants
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.both_redis
@@ -240,25 +242,42 @@ def test_join_and_clean_leave_rebalance_and_no_partition_has_two_handlers(ordere
     print(f"rebalance after a join {join_seconds:.2f}s, after a clean leave {leave_seconds:.2f}s")
 
 
+def owner_pids(redis, names):
+    """Partition -> pid of the consumer holding its lease (None when free)."""
+    return {name: int(owner.rsplit("-", 2)[1]) if owner else None for name, owner in owners(redis, names).items()}
+
+
 @pytest.mark.slow
-def test_per_key_order_holds_across_a_sigkill_of_one_of_two_consumers(ordered, redis, run_consumer):
+def test_per_key_order_holds_across_a_sigkill_of_one_of_two_supervisors(ordered, redis, run_consumer):
+    """Two supervisors of two workers each (one partition per worker); one supervisor is SIGKILLed with
+    its workers, as when its host is lost: no release, the leases lapse on the Redis clock."""
     streams = {"PARTITIONS": {"ordered": N}, **LEASES}
     keys = [f"customer-{k}" for k in range(16)]
-    first = run_consumer("ordered:o", "--threads", "2", streams=streams)
-    second = run_consumer("ordered:o", "--threads", "2", streams=streams)
-    wait_for(lambda: sorted(held_by_pid(redis, ordered).values()) == [N // 2, N // 2], timeout=60,
-             what="two leases each")
+    first = run_consumer("ordered:o", "--workers", "2", "--threads", "2", streams=streams)
+    second = run_consumer("ordered:o", "--workers", "2", "--threads", "2", streams=streams)
+
+    def workers(sup):
+        return set(descendants(sup.pid))
+
+    wait_for(lambda: len(set(owner_pids(redis, ordered).values()) - {None}) == N
+             and set(owner_pids(redis, ordered).values()) <= workers(first) | workers(second),
+             timeout=90, what="one partition per worker")
     sent = []
     batch, names = keyed(300, keys, sleep=0.003)
     publish_many("ordered", batch, keys=names)
     sent.append(batch)
     wait_for(lambda: redis.llen("trace") >= 60, timeout=60, what="some handled")
-    second.kill()  # SIGKILL: no release; its leases lapse on the Redis clock
+    doomed = workers(second)
+    for pid in doomed:
+        os.kill(pid, signal.SIGKILL)
+    second.kill()
     killed = time.monotonic()
     batch, names = keyed(300, keys, first=300, sleep=0.001)
     publish_many("ordered", batch, keys=names)
     sent.append(batch)
-    wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N}, timeout=60, what="the survivor to hold all")
+    survivors = workers(first)
+    wait_for(lambda: set(owner_pids(redis, ordered).values()) <= survivors, timeout=60,
+             what="the survivors to hold every partition")
     takeover = time.monotonic() - killed
     wait_for(lambda: len({(k, n) for k in keys for n in redis.lrange(f"seen:{k}", 0, -1)}) >= 600, timeout=120,
              what="all 600 handled")
@@ -267,4 +286,22 @@ def test_per_key_order_holds_across_a_sigkill_of_one_of_two_consumers(ordered, r
     ttl, interval = LEASES["LEASE_TTL_MS"] / 1000, LEASES["LEASE_INTERVAL_MS"] / 1000
     assert takeover <= ttl + interval + 2.0, takeover  # + polling and a loaded machine's slack
     assert first.proc.poll() is None, first.output()
+    held = sorted(Counter(owner_pids(redis, ordered).values()).values())
+    assert held == [N // 2, N // 2], held  # balanced over the two surviving workers
     print(f"takeover after SIGKILL {takeover:.2f}s (lease {ttl}s + interval {interval}s)")
+
+
+def test_a_group_destroyed_under_an_ordered_loop_is_recreated(redis, make_ordered):
+    loop, leases = make_ordered("a")
+    leases.tick()
+    loop.step()
+    publish("single", {"key": "k", "n": 0})
+    redis.xgroup_destroy("single", "o")
+    loop.step()  # NOGROUP from inside the fenced read script: a lost group, not a crash
+    publish("single", {"key": "k", "n": 1})
+    deadline = time.monotonic() + 20
+    while redis.llen("seen:k") < 2:
+        assert time.monotonic() < deadline
+        leases.tick()
+        loop.step()
+    assert redis.lrange("seen:k", 0, -1) == ["0", "1"]  # nothing was read before: recreated at start, in order
