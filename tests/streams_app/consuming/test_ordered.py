@@ -305,3 +305,55 @@ def test_a_group_destroyed_under_an_ordered_loop_is_recreated(redis, make_ordere
         leases.tick()
         loop.step()
     assert redis.lrange("seen:k", 0, -1) == ["0", "1"]  # nothing was read before: recreated at start, in order
+
+
+def test_members_share_the_leases_by_hrw_and_no_partition_is_ever_trusted_by_two(redis):
+    """Coordinators in this process, driven pass by pass; each lease's read loop is played by
+    finishing takeovers and releases at once. After every pass no partition is trusted by two members."""
+    names = partitions.names("hrw", 6)
+    conn = get_connection()
+
+    def member(name):
+        leases = [Lease(p, "g", name, 600) for p in names]
+        return Coordinator(conn, "hrw", "g", name, leases, ttl_ms=600, interval_ms=100)
+
+    def check():
+        for index, p in enumerate(names):
+            trusted = [m.consumer for m in [*members.values(), *gone] if m.leases[index].valid()]
+            assert len(trusted) <= 1, f"{p} trusted by {trusted}"
+
+    def rounds(until, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert time.monotonic() < deadline, {m.consumer: held(m) for m in members.values()}
+            for m in list(members.values()):
+                m.tick()
+                for lease in m.leases:
+                    if lease.state == "taken":
+                        lease.taken_over(lease.token)
+                    elif lease.state == "releasing":
+                        lease.release(conn)
+                check()
+            time.sleep(0.02)
+
+    def held(m):
+        return sorted(lease.stream for lease in m.leases if lease.holding)
+
+    def balanced(count):
+        return lambda: (sum(len(held(m)) for m in members.values()) == 6
+                        and all(len(held(m)) <= -(-6 // count) for m in members.values()))
+
+    members = {n: member(n) for n in ("a", "b", "c")}
+    gone = []  # a crashed member still trusts its leases until its local deadlines pass
+    rounds(balanced(3))
+    before = {p: m.consumer for m in members.values() for p in held(m)}
+    members["d"] = member("d")
+    rounds(balanced(4))
+    after = {p: m.consumer for m in members.values() for p in held(m)}
+    moved = sum(before[p] != after[p] for p in names)
+    assert moved <= 3, (before, after)  # sticky: d takes its share, the rest stay (6 partitions, 4 members)
+    gone.append(members.pop("c"))  # stops renewing, releases nothing: its leases lapse in Redis
+    rounds(balanced(3), timeout=15)
+    members["a"].leave()
+    members.pop("a")
+    rounds(balanced(2))
