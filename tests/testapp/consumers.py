@@ -419,3 +419,12 @@ def records_its_order(message):
 
 
 consumer("single", group="o", ordered=True, retry_backoff=0.05)(records_its_order)
+
+
+@consumer("aordered", group="o", ordered=True, retry_backoff=0.05)
+async def records_its_order_async(message):
+    """The async twin of records_its_order (``seen:<key>``; ``fail`` below a delivery count)."""
+    await asyncio.sleep(0)
+    if message.deliveries < message.payload.get("fail", 0):
+        raise RuntimeError(f"asked to fail delivery {message.deliveries}")
+    get_connection().rpush(f"seen:{message.payload['key']}", message.payload["n"])

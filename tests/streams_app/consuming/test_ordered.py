@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from streams_app import partitions, publish, publish_many
 from streams_app.conf import get_settings
 from streams_app.connection import dedicated_connection, get_connection
+from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.leases import Coordinator, Lease
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.worker import Shutdown
@@ -109,7 +110,7 @@ def make_ordered(redis, settings):
         [spec] = select([selector])
         config = {**get_settings(), "BLOCK_MS": 50}
         lease = Lease(spec.stream, spec.group, name, config["LEASE_TTL_MS"])
-        executor = ThreadPoolExecutor(1)
+        executor = EventLoopRunner(10) if spec.is_async else ThreadPoolExecutor(1)
         executors.append(executor)
         loop = OrderedGroupLoop(spec, name, lease=lease, conn=get_connection(), reader=dedicated_connection(f"t-{name}"),
                                 executor=executor, threads=1, shutdown=Shutdown(), config=config)
@@ -119,7 +120,7 @@ def make_ordered(redis, settings):
 
     yield make
     for executor in executors:
-        executor.shutdown(wait=True)
+        executor.shutdown() if isinstance(executor, EventLoopRunner) else executor.shutdown(wait=True)
 
 
 def test_an_owner_paused_past_the_lease_can_neither_ack_nor_read(redis, make_ordered):
@@ -150,11 +151,12 @@ def test_an_owner_paused_past_the_lease_can_neither_ack_nor_read(redis, make_ord
     assert redis.xpending("single", "o")["pending"] == 3  # the new entry was not read by "a"
 
 
-def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_ordered):
-    loop, leases = make_ordered("a")
-    publish("single", {"key": "k", "n": 0, "fail": 3})  # fails deliveries 1 and 2
+@pytest.mark.parametrize("stream", ["single", "aordered"])
+def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_ordered, stream):
+    loop, leases = make_ordered("a", f"{stream}:o")
+    publish(stream, {"key": "k", "n": 0, "fail": 3})  # fails deliveries 1 and 2
     for n in (1, 2):
-        publish("single", {"key": "k", "n": n})
+        publish(stream, {"key": "k", "n": n})
     leases.tick()
     deadline = time.monotonic() + 20
     while redis.llen("seen:k") < 3:
@@ -162,7 +164,7 @@ def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_orde
         leases.tick()
         loop.tick()
     assert redis.lrange("seen:k", 0, -1) == ["0", "1", "2"]
-    while redis.xpending("single", "o")["pending"]:
+    while redis.xpending(stream, "o")["pending"]:
         assert time.monotonic() < deadline, "the last entry was not acked"
         loop.tick()
 
