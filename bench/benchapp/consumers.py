@@ -50,3 +50,12 @@ def wait_sync(message):
 @consumer("iowait", group="async")
 async def wait_async(message):
     await asyncio.sleep(message.payload["wait"])
+
+
+def does_nothing(message):
+    pass
+
+
+# bench/ordered.py: the same no-op handler in the default (shared) mode and in ordered mode.
+consumer("ordbench", group="shared")(does_nothing)
+consumer("ordbench", group="ordered", ordered=True)(does_nothing)

@@ -23,7 +23,10 @@ import time
 from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from django.db import close_old_connections
+
+from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
+from streams_app.consuming.chunks import _checked as checked_call  # the same "did it run" check
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
 from streams_app.consuming.loop import GroupLoop
@@ -46,8 +49,38 @@ def run_in_order(handler, messages, guard=None, budget=None, *, still_owner):
 
     What follows a failed message is neither run nor handed back: it stays pending for this
     consumer, and the loop hands it out again after the failed one (``OrderedGroupLoop.replay``).
-    Nothing is started once ``still_owner()`` says the lease is gone.
+    Nothing is started once ``still_owner()`` says the lease is gone. Poison entries fail before
+    any handler runs (they are dead-lettered, so skipped, whatever their place).
     """
+    if guard is not None:
+        return _one_chunk_each(handler, messages, guard, budget, still_owner)
+    close_old_connections()
+    chunk = Chunk(messages, None, budget)
+    call = checked_call(handler)
+    runnable = chunk.runnable()
+    left, dropped = [], []
+    for index, message in enumerate(runnable):
+        if not still_owner():
+            dropped = runnable[index:]
+            break
+        if chunk.out_of_time(index):
+            left = runnable[index:]
+            break
+        try:
+            call(message)
+        except BaseException as exc:  # every exception obeys max_deliveries (see chunks.py)
+            chunk.failed(message, exc)
+            dropped = runnable[index + 1:]
+            break
+        chunk.ran(message)
+    close_old_connections()
+    result = chunk.close([*left, *dropped])  # neither was started: out of the in-flight gauge
+    result.left = left  # handed out again now; ``dropped`` waits in the PEL for replay
+    return result
+
+
+def _one_chunk_each(handler, messages, guard, budget, still_owner):
+    """With an idempotency guard: one chunk per message, so no guard mark is set for one not run."""
     total = ChunkResult()
     started = time.perf_counter()
     done = 0

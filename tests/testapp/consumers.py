@@ -428,3 +428,4 @@ async def records_its_order_async(message):
     if message.deliveries < message.payload.get("fail", 0):
         raise RuntimeError(f"asked to fail delivery {message.deliveries}")
     get_connection().rpush(f"seen:{message.payload['key']}", message.payload["n"])
+consumer("iordered", group="o", ordered=True, idempotent="redis", retry_backoff=0.05)(records_its_order)

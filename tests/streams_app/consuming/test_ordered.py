@@ -151,7 +151,7 @@ def test_an_owner_paused_past_the_lease_can_neither_ack_nor_read(redis, make_ord
     assert redis.xpending("single", "o")["pending"] == 3  # the new entry was not read by "a"
 
 
-@pytest.mark.parametrize("stream", ["single", "aordered"])
+@pytest.mark.parametrize("stream", ["single", "aordered", "iordered"])
 def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_ordered, stream):
     loop, leases = make_ordered("a", f"{stream}:o")
     publish(stream, {"key": "k", "n": 0, "fail": 3})  # fails deliveries 1 and 2
