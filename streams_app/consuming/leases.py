@@ -61,6 +61,7 @@ class Lease:
         self.token = None
         self.deadline = 0.0
         self.granted_event = threading.Event()  # wakes an idle read loop when the lease comes
+        self.failed = None  # the exception that killed the Coordinator: the read loop re-raises it
         self._grants = itertools.count(1)
 
     def __repr__(self):
@@ -148,9 +149,18 @@ class Coordinator:
         self.thread.start()
 
     def run(self):
-        while not self.stopping.is_set():
-            self.step()
-            self.stopping.wait(self.interval)
+        try:
+            while not self.stopping.is_set():
+                self.step()
+                self.stopping.wait(self.interval)
+        except Exception as exc:
+            # Unknown: nothing renews these leases any more. The read loops re-raise it, so the worker
+            # exits (EXIT_CRASH) and is replaced, rather than sitting idle with lapsed leases.
+            logger.exception("Consumer %s: the lease coordinator of %s/%s crashed", self.consumer,
+                             self.logical_stream, self.group)
+            for lease in self.leases:
+                lease.failed = exc
+                lease.granted_event.set()
 
     def step(self):
         try:

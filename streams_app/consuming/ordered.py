@@ -126,6 +126,8 @@ class OrderedGroupLoop(GroupLoop):
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
+        if self.lease.failed is not None:
+            raise RuntimeError(f"the lease coordinator of {self.stream}/{self.group} crashed") from self.lease.failed
         if not self.ready:
             ensure_group(self.conn, self.stream, self.group, self.last_read_id or self.spec.start)
             self.ready = True

@@ -359,3 +359,12 @@ def test_members_share_the_leases_by_hrw_and_no_partition_is_ever_trusted_by_two
     members["a"].leave()
     members.pop("a")
     rounds(balanced(2))
+
+
+def test_a_crashed_coordinator_crashes_the_read_loop_instead_of_leaving_it_idle(redis, make_ordered):
+    loop, leases = make_ordered("a")
+    leases.members = None  # calling it raises TypeError: a bug, not a Redis error
+    leases.start()
+    wait_for(lambda: loop.lease.failed is not None, timeout=5, what="the coordinator to fail")
+    with pytest.raises(RuntimeError, match="lease coordinator of single/o crashed"):
+        loop.step()
