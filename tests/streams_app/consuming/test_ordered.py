@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from streams_app import partitions, publish, publish_many
 from streams_app.conf import get_settings
+from streams_app.connection import node_client
 from streams_app.connection import dedicated_connection, get_connection
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.leases import Coordinator, Lease
@@ -368,3 +369,18 @@ def test_a_crashed_coordinator_crashes_the_read_loop_instead_of_leaving_it_idle(
     wait_for(lambda: loop.lease.failed is not None, timeout=5, what="the coordinator to fail")
     with pytest.raises(RuntimeError, match="lease coordinator of single/o crashed"):
         loop.step()
+
+
+def test_sigterm_cuts_an_ordered_loops_blocked_wait_short_and_releases_the_lease(redis, run_consumer):
+    # An idle owner waits in XREAD BLOCK (not XREADGROUP: see OrderedGroupLoop.read_owned); a stop
+    # unblocks it too, so the consumer exits at once rather than after --block-ms.
+    proc = run_consumer("single:o", "--block-ms", "20000", streams={"LEASE_TTL_MS": 60_000, "LEASE_INTERVAL_MS": 1000})
+    wait_for(lambda: any(c.get("cmd") == "xread" and c.get("name", "").startswith("shoal-reader:")
+                         for c in node_client(redis, "single").client_list()), timeout=30,
+             what="the owner's blocked wait")
+    assert redis.get(lease_key("single", "o"))
+    stopped = time.monotonic()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert time.monotonic() - stopped < 10
+    assert redis.get(lease_key("single", "o")) is None  # released, not left to lapse (60 s)
