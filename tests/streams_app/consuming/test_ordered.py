@@ -384,3 +384,33 @@ def test_sigterm_cuts_an_ordered_loops_blocked_wait_short_and_releases_the_lease
     assert proc.wait(30) == 0, proc.output()
     assert time.monotonic() - stopped < 10
     assert redis.get(lease_key("single", "o")) is None  # released, not left to lapse (60 s)
+
+
+@pytest.mark.slow
+def test_an_owner_paused_past_the_lease_hands_over_and_handles_nothing_after_it_wakes(redis, run_consumer):
+    """SIGSTOP the owner of a one-partition ordered stream past LEASE_TTL_MS: the standby takes over;
+    after SIGCONT the old owner finds its lease gone and neither reads nor handles anything."""
+    streams = dict(LEASES)
+    first = run_consumer("single:o", streams=streams)
+    wait_for(lambda: owner_pids(redis, ["single"])["single"] == first.pid, timeout=60, what="the first to own it")
+    second = run_consumer("single:o", streams=streams)
+    wait_for(lambda: any(f"-{second.pid}-" in m for m in redis.hkeys("{single}:members:o")), timeout=60,
+             what="the second to stand by")
+    os.kill(first.pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        wait_for(lambda: owner_pids(redis, ["single"])["single"] == second.pid, timeout=30, what="the standby to own it")
+        takeover = time.monotonic() - paused
+        publish_many("single", [{"key": f"k{n % 5}", "n": n} for n in range(50)], keys=[f"k{n % 5}" for n in range(50)])
+        wait_for(lambda: redis.llen("trace") >= 50, timeout=60, what="50 handled by the standby")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    first.wait_for_output("lost the lease", timeout=30)
+    publish_many("single", [{"key": f"k{n % 5}", "n": n} for n in range(50, 100)], keys=[f"k{n % 5}" for n in range(50, 100)])
+    wait_for(lambda: redis.llen("trace") >= 100, timeout=60, what="100 handled")
+    handlers = {line.split()[1] for line in redis.lrange("trace", 0, -1)}
+    assert len(handlers) == 1 and f"-{second.pid}-" in handlers.pop()  # the paused one handled nothing
+    assert_per_key_order(redis, [f"k{k}" for k in range(5)], {f"k{k}": list(range(k, 100, 5)) for k in range(5)})
+    assert owner_pids(redis, ["single"])["single"] == second.pid and first.proc.poll() is None
+    ttl, interval = LEASES["LEASE_TTL_MS"] / 1000, LEASES["LEASE_INTERVAL_MS"] / 1000
+    assert takeover <= ttl + interval + 2.0, takeover
