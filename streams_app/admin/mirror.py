@@ -136,7 +136,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
 
 def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
     from streams_app.models import ConsumerGroup, Stream
-    from streams_app.supervisor.lag import estimate_lag
+    from streams_app.supervisor.lag import backlog
 
     stream_info, groups = info
     stream, _ = Stream.objects.update_or_create(name=name, defaults={
@@ -154,10 +154,9 @@ def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
         spec = by_group.get((name, group))
         seen.append(group)
         last_delivered = _text(group_info["last-delivered-id"])
-        lag, estimated = group_info.get("lag"), False
-        if lag is None:
-            # Redis cannot tell (an unread entry was deleted, the stream trimmed): null is not zero.
-            lag, estimated = estimate_lag(conn, name, last_delivered), True
+        # Null lag (an unread entry deleted, the stream trimmed) is counted, not taken for zero; so is
+        # a lag a Redis before 7.4 overstates after a failover.
+        lag, estimated = backlog(conn, name, group_info)
         ConsumerGroup.objects.update_or_create(stream=stream, name=group, defaults={
             "lag": lag,
             "lag_estimated": estimated,

@@ -119,13 +119,13 @@ class BacklogCollector:
         from streams_app.connection import TRANSIENT_ERRORS, get_connection
         from streams_app.keys import dead_letter_key
         from streams_app.registry import registered
-        from streams_app.supervisor.lag import estimate_lag
+        from streams_app.supervisor.lag import backlog as group_backlog
 
         specs = self._specs if self._specs is not None else registered()
         lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.", labels=LABELS)
         estimated = GaugeMetricFamily("shoal_group_lag_estimated", "1 if shoal_group_lag is an estimate: Redis reported "
-                                      "no lag (entries deleted or trimmed), so the entries after the last delivered id "
-                                      "were counted.", labels=LABELS)
+                                      "no lag (entries deleted or trimmed), or a lag the entries after the last "
+                                      "delivered id showed too high (Redis < 7.4 after a failover), so they were counted.", labels=LABELS)
         backlog = GaugeMetricFamily(
             "shoal_group_backlog", "Entries not yet delivered to the group (shoal_group_lag) with the logical "
             "stream and partition of a partitioned stream: sum it by logical_stream. What autoscalers should read.",
@@ -156,18 +156,17 @@ class BacklogCollector:
                 if (stream, name) not in wanted:
                     continue
                 pending.add_metric([stream, name], info["pending"])
-                value = info.get("lag")
-                if value is None:  # Redis cannot tell (entries deleted, stream trimmed): never report zero
-                    try:
-                        value = estimate_lag(conn, stream, _text(info["last-delivered-id"]))
-                    except TRANSIENT_ERRORS:
-                        continue
+                try:
+                    # Null lag (entries deleted, stream trimmed) is counted, never reported as zero; a lag a
+                    # Redis before 7.4 may overstate (a promoted replica) is checked against a count.
+                    value, counted = group_backlog(conn, stream, info)
+                except TRANSIENT_ERRORS:
+                    continue
                 lag.add_metric([stream, name], value)
-                estimated.add_metric([stream, name], 1 if info.get("lag") is None else 0)
+                estimated.add_metric([stream, name], 1 if counted else 0)
                 spec = wanted[(stream, name)]
                 partition = "" if spec.partition is None else str(spec.partition)
-                backlog.add_metric([stream, spec.logical, partition, name,
-                                    "true" if info.get("lag") is None else "false"], value)
+                backlog.add_metric([stream, spec.logical, partition, name, "true" if counted else "false"], value)
         up.add_metric([], 1)
         return [lag, estimated, backlog, pending, dead, up]
 

@@ -4,16 +4,36 @@ Redis 7 reports ``lag`` as null when it cannot compute it (an unread entry was d
 the stream was trimmed past the group, the group was set to an arbitrary id). Null is not zero: a
 null taken for zero would scale a busy pool down. The estimate counts the entries after the
 group's last-delivered id, up to a cap (enough for any scaling decision), with one XRANGE.
+
+Before Redis 7.4 a non-null ``lag`` can be wrong too: a replica that full-synced while a group was
+being read keeps the ``entries-read`` of its sync (XREADGROUP reaches it as XCLAIM ... LASTID, which
+leaves the counter alone; redis/redis#10569, fixed in 7.4 by #12898), so once promoted it reports
+``lag`` too high by that gap, for good (a pool following it never scales down). A stale counter
+only ever overstates, so on those versions a non-zero lag is checked by counting (``checked_lag``):
+cheap when consumers keep up, bounded by CHECK_CAP when they do not.
 """
+import threading
+import time
 from dataclasses import dataclass
 
 import redis
 
-from shoal_common.redis_errors import is_no_such_key
+from shoal_common.redis_errors import is_no_permission, is_no_such_key
+from shoal_common.redisconn import node_client
 from shoal_common.text import to_text
 
 ESTIMATE_CAP = 10_000
 """An estimated lag is counted up to this many entries; more is reported as the cap."""
+
+CHECK_CAP = 1_000
+"""A lag Redis may have overstated is checked with XRANGEs of at most this many entries (~5 ms each)."""
+
+TRUSTED_LAG_VERSION = (7, 4)
+"""From this Redis version on, a non-null XINFO GROUPS lag survives a replica's full sync."""
+
+_VERSION_TTL = 300.0  # seconds: a node upgraded in place is believed within five minutes
+_versions = {}
+_versions_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -44,10 +64,24 @@ def group_lag(conn, stream, group, start="0", cap=ESTIMATE_CAP):
     if info is None:
         # The workers create the group when they start; from "0" it will read the whole stream.
         return GroupLag(stream, group, conn.xlen(stream) if start == "0" else 0, estimated=True)
+    value, estimated = backlog(conn, stream, info, cap)
+    return GroupLag(stream, group, value, estimated=estimated)
+
+
+def backlog(conn, stream, info, cap=ESTIMATE_CAP):
+    """(entries not yet delivered, estimated) for one group's XINFO GROUPS ``info`` on ``stream``.
+
+    ``estimated`` is true when the figure is not Redis's ``lag`` (null, or overstated and counted).
+    """
     lag = _info(info, "lag")
-    if lag is not None:
-        return GroupLag(stream, group, int(lag))
-    return GroupLag(stream, group, estimate_lag(conn, stream, _str(_info(info, "last-delivered-id")), cap), estimated=True)
+    last_delivered = _str(_info(info, "last-delivered-id"))
+    if lag is None:
+        return estimate_lag(conn, stream, last_delivered, cap), True
+    lag = int(lag)
+    if lag == 0 or lag_is_trusted(conn, stream):
+        return lag, False
+    counted = checked_lag(conn, stream, last_delivered, lag)
+    return counted, counted != lag
 
 
 def estimate_lag(conn, stream, last_delivered_id, cap=ESTIMATE_CAP):
@@ -55,6 +89,57 @@ def estimate_lag(conn, stream, last_delivered_id, cap=ESTIMATE_CAP):
     if last_delivered_id in (None, "0-0"):
         return min(conn.xlen(stream), cap)
     return len(conn.xrange(stream, min=f"({last_delivered_id}", max="+", count=cap))
+
+
+def checked_lag(conn, stream, last_delivered_id, lag, cap=CHECK_CAP):
+    """``lag`` as Redis reported it, or the real count after ``last_delivered_id`` where it is less.
+
+    Only an overstated lag is looked for (a stale ``entries-read`` is too low, never too high).
+    Counts the entries after the last delivered id up to min(lag, cap); past the cap, the entries
+    up to it (Shoal trims acknowledged entries, so that side is usually short) and subtracts them
+    from XLEN. When both sides hold more than ``cap``, the lag stands (it is then at least ``cap``).
+    """
+    if last_delivered_id in (None, "0-0"):
+        return min(lag, conn.xlen(stream))
+    wanted = min(lag, cap)
+    after = len(conn.xrange(stream, min=f"({last_delivered_id}", max="+", count=wanted))
+    if after < wanted:
+        return after
+    if lag <= cap:
+        return lag
+    pipe = node_client(conn, stream).pipeline(transaction=False)
+    pipe.xlen(stream)
+    pipe.xrange(stream, min="-", max=last_delivered_id, count=cap)
+    length, before = pipe.execute()
+    if len(before) < cap:
+        return min(lag, length - len(before))
+    return min(lag, length)
+
+
+def lag_is_trusted(conn, stream):
+    """Whether the node holding ``stream`` runs a Redis whose non-null lag can be taken as is (>= 7.4)."""
+    return _server_version(conn, stream) >= TRUSTED_LAG_VERSION
+
+
+def _server_version(conn, stream):
+    node = node_client(conn, stream)
+    kwargs = node.connection_pool.connection_kwargs
+    address = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
+    now = time.monotonic()
+    with _versions_lock:
+        cached = _versions.get(address)
+    if cached and now - cached[1] < _VERSION_TTL:
+        return cached[0]
+    try:
+        text = _str(node.info("server").get("redis_version", "0"))
+        version = tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+    except redis.ResponseError as exc:
+        if not is_no_permission(exc):
+            raise
+        version = (0, 0)  # a user that may not run INFO: count rather than trust
+    with _versions_lock:
+        _versions[address] = (version, now)
+    return version
 
 
 def read_lags(conn, specs, cap=ESTIMATE_CAP):
