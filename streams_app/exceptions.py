@@ -26,12 +26,18 @@ class PartialPublishError(PublishError):
 
 class NotReplicatedError(PublishError):
     """``publish(..., replicas=n)``: the entry is stored on the master, but fewer than ``n`` replicas
-    confirmed it in time, so a failover right now could lose it. ``id`` is the stored entry's id."""
+    confirmed it in time, so a failover right now could lose it. ``id`` is the stored entry's id.
 
-    def __init__(self, message, *, id, replicas):
+    From ``publish_many(..., replicas=n)``: every message is stored (``ids``, in order; ``id`` is None)
+    and ``unconfirmed`` lists the indexes of those whose master had fewer than ``n`` replicas confirm;
+    ``replicas`` is the fewest any of their masters confirmed."""
+
+    def __init__(self, message, *, id, replicas, ids=None, unconfirmed=None):
         super().__init__(message)
         self.id = id
         self.replicas = replicas
+        self.ids = ids
+        self.unconfirmed = unconfirmed
 
 
 class StreamTypeError(StreamsError):

@@ -9,7 +9,9 @@ from streams_app import partitions
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, recover, slot_pipeline
+from streams_app.connection import (
+    TRANSIENT_ERRORS, get_connection, is_cluster, node_client, recover, slot_pipeline,
+)
 from streams_app.consuming.groups import key_type
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
 
@@ -108,6 +110,13 @@ def _check_maxlen(maxlen):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
 
 
+def _check_replicas(replicas, outbox):
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
+        raise PublishError(f"replicas must be a positive integer or None, not {replicas!r}")
+    if replicas is not None and outbox:
+        raise PublishError("replicas= cannot be used with outbox=True: the relay publishes later, on its own connection")
+
+
 def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
             using="default", replicas=None, replicas_timeout_ms=1000):
     """Append one message; return its entry id (None when queued on ``pipeline``).
@@ -121,12 +130,9 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     asynchronous otherwise: an entry a master acknowledged and then lost in a crash is gone.
     """
     validate_stream_name(stream)
-    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
-        raise PublishError(f"replicas must be a positive integer or None, not {replicas!r}")
+    _check_replicas(replicas, outbox)
     if replicas is not None and pipeline is not None:
         raise PublishError("replicas= cannot be used with pipeline=: WAIT must follow the write on its connection")
-    if replicas is not None and outbox:
-        raise PublishError("replicas= cannot be used with outbox=True: the relay publishes later, on its own connection")
     _check_maxlen(maxlen)
     if outbox:
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
@@ -181,7 +187,8 @@ def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
     return entry_id
 
 
-def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default"):
+def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default",
+                 replicas=None, replicas_timeout_ms=1000):
     """Append many messages, 1000 per round trip; return their ids in order.
 
     Every payload is encoded before the first is sent, so bad input publishes nothing (the
@@ -190,8 +197,13 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     PartialPublishError says exactly which messages were published (its ``ids``).
 
     ``outbox=True``: all of them go to the outbox in the caller's transaction; returns their keys.
+
+    ``replicas=n``: also wait (``WAIT n replicas_timeout_ms``) on every master that received
+    entries, once, after its last batch, until n of its replicas have them; raise
+    NotReplicatedError (``ids`` stored, ``unconfirmed`` indexes) when fewer confirm in time.
     """
     validate_stream_name(stream)
+    _check_replicas(replicas, outbox)
     _check_maxlen(maxlen)
     payloads = list(payloads)
     if keys is not None:
@@ -213,6 +225,9 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     if partitions.is_partitioned(stream):
         partitions.ensure_recorded(conn, stream)
         targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
+    if replicas is not None:
+        return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
+                                replicas_timeout_ms)
     ids = []
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
         batch = encoded[start : start + _PIPELINE_CHUNK]
@@ -293,3 +308,94 @@ def _prefix(replies):
             break
         known.append(entry_id)
     return known
+
+
+def _send_replicated(conn, stream, targets, encoded, maxlen, replicas, timeout_ms):
+    """publish_many with WAIT: per batch and master, one plain pipeline on that master holding a
+    MULTI/EXEC per stream (a transaction cannot span slots), and, after the master's last batch,
+    WAIT on the same connection (WAIT counts the replicas that have this connection's writes; a
+    master's replication offset only grows, so its last write covers its earlier ones)."""
+    node_of = {target: _node_name(conn, target) for target in set(targets)}
+    nodes = [node_of[target] for target in targets]
+    last_batch = {node: start for start in range(0, len(encoded), _PIPELINE_CHUNK)
+                  for node in nodes[start : start + _PIPELINE_CHUNK]}
+    ids = [None] * len(encoded)
+    confirmed_by = {}
+    for start in range(0, len(encoded), _PIPELINE_CHUNK):
+        positions = range(start, min(start + _PIPELINE_CHUNK, len(encoded)))
+        for node in dict.fromkeys(nodes[i] for i in positions):
+            blocks = {}
+            for i in positions:
+                if nodes[i] == node:
+                    blocks.setdefault(targets[i], []).append(i)
+            pipe = node_client(conn, next(iter(blocks))).pipeline(transaction=False)
+            for target, members in blocks.items():
+                pipe.execute_command("MULTI")
+                for i in members:
+                    _xadd(pipe, target, encoded[i], maxlen)
+                pipe.execute_command("EXEC")
+            waits = last_batch[node] == start
+            if waits:
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except TRANSIENT_ERRORS as exc:
+                recover(conn)  # a node pipeline does not follow a failover by itself
+                raise _partial_of(stream, ids, max(i for members in blocks.values() for i in members), exc) from None
+            failure = _stored_blocks(blocks, replies, ids)
+            if failure is not None:
+                target, exc = failure
+                if isinstance(exc, (*TRANSIENT_ERRORS, redis.exceptions.ReadOnlyError)):
+                    recover(conn)
+                if is_wrongtype(exc) and not any(ids):
+                    raise _not_a_stream(conn, target) from None
+                raise _partial_of(stream, ids, -1, exc) from None
+            if waits:
+                confirmed = replies[-1]
+                if isinstance(confirmed, Exception):
+                    recover(conn)  # -UNBLOCKED: the master became a replica in a failover
+                confirmed_by[node] = 0 if isinstance(confirmed, Exception) else confirmed
+    short = {node: n for node, n in confirmed_by.items() if n < replicas}
+    if short:
+        unconfirmed = [i for i, node in enumerate(nodes) if node in short]
+        fewest = min(short.values())
+        raise NotReplicatedError(
+            f"{len(encoded)} messages of {stream!r} are stored, but {len(unconfirmed)} of them are on a master "
+            f"that had only {fewest} of {replicas} replica(s) confirm within {timeout_ms} ms; a failover now "
+            f"could lose them (their indexes are in .unconfirmed)", id=None, replicas=fewest, ids=ids,
+            unconfirmed=unconfirmed)
+    return ids
+
+
+def _stored_blocks(blocks, replies, ids):
+    """Record the ids of each MULTI/EXEC block in ``replies``; return (stream, error) of the first that failed.
+
+    Each block's replies are MULTI's, one QUEUED per XADD (or the error that refused it while queued)
+    and EXEC's (the ids, or EXECABORT when a command was refused).
+    """
+    failure, at = None, 0
+    for target, members in blocks.items():
+        block = replies[at : at + len(members) + 2]
+        at += len(members) + 2
+        stored = block[-1]
+        errors = [r for r in block[:-1] if isinstance(r, Exception)]
+        errors += [stored] if isinstance(stored, Exception) else [r for r in stored if isinstance(r, Exception)]
+        if errors:
+            failure = failure or (target, errors[0])
+            continue
+        for i, entry_id in zip(members, stored):
+            ids[i] = to_text(entry_id)
+    return failure
+
+
+def _partial_of(stream, ids, last_sent, cause):
+    """PartialPublishError for ``ids`` filled where stored: those after the stored prefix, up to the
+    last one stored or sent (``last_sent``), may or may not have been."""
+    known = _prefix(ids)
+    stored = [i for i, entry_id in enumerate(ids) if entry_id is not None]
+    end = max([last_sent, *stored]) + 1
+    return _partial(stream, known, max(0, end - len(known)), cause)
+
+
+def _node_name(conn, key):
+    return conn.get_node_from_key(key).name if is_cluster(conn) else ""

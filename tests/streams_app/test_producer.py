@@ -111,3 +111,25 @@ def test_publish_waiting_for_replicas_says_when_none_confirmed(redis):
     assert redis.xrange("jobs")[0][0] == raised.value.id  # stored on the master all the same
     with pytest.raises(PublishError, match="replicas must be a positive integer"):
         publish("jobs", {"n": 1}, replicas=0)
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_publish_many_waiting_for_replicas_stores_everything_and_names_the_unconfirmed(partitioned, redis, settings):
+    from streams_app import partitions
+    from streams_app.exceptions import NotReplicatedError
+
+    if partitioned:
+        settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"jobs": 3}}
+    with pytest.raises(NotReplicatedError, match="2500 messages of 'jobs' are stored") as raised:
+        publish_many("jobs", [{"n": n} for n in range(2500)], keys=[f"k{n}" for n in range(2500)],
+                     replicas=1, replicas_timeout_ms=50)  # this Redis has no replica
+    error = raised.value
+    assert (error.replicas, error.unconfirmed, error.id) == (0, list(range(2500)), None)
+    # Partitions are streams of their own: an id is only unique within its partition.
+    stored = {(name, entry_id): json.loads(fields["payload"])["n"]
+              for name in partitions.names("jobs") for entry_id, fields in redis.xrange(name)}
+    assert [stored[partitions.route("jobs", f"k{n}"), entry_id] for n, entry_id in enumerate(error.ids)] == list(range(2500))
+    with pytest.raises(PublishError, match="replicas must be a positive integer"):
+        publish_many("jobs", [{"n": 1}], replicas=0)
+    with pytest.raises(PublishError, match="outbox"):
+        publish_many("jobs", [{"n": 1}], replicas=1, outbox=True)
