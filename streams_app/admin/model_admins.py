@@ -16,13 +16,15 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
-from streams_app import keys
+from streams_app import keys, partitions
 
+from streams_app.admin import logical as logical_views
 from streams_app.admin import views as admin_views
 
 from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
+from streams_app.conf import setting
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
@@ -39,12 +41,44 @@ class StreamsMirrorAdmin(MirrorAdmin):
         return mirror.try_sync()
 
 
+def logical_link(name):
+    """'orders (2 of 6)' linking to the logical stream's page, for a partition; '' otherwise."""
+    stream, index = partitions.logical(name)
+    if index is None:
+        return ""
+    return format_html('<a href="{}">{}</a> ({} of {})', logical_views.logical_url(stream), stream, index,
+                       partitions.count(stream))
+
+
+class LogicalStreamFilter(admin.SimpleListFilter):
+    """The partitions of one partitioned stream (derived from STREAMS['PARTITIONS'], never scanned)."""
+
+    title = "logical stream"
+    parameter_name = "logical"
+    field = "name"
+
+    def lookups(self, request, model_admin):
+        declared = setting("PARTITIONS") or {}
+        return [(name, name) for name in sorted(declared) if partitions.is_partitioned(name)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(**{f"{self.field}__in": partitions.names(self.value())})
+
+
+class GroupLogicalStreamFilter(LogicalStreamFilter):
+    field = "stream__name"
+
+
 @admin.register(Stream)
 class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "length", "groups", "dead_letters_link", "last_id", "exists", "problem", "synced_at")
-    list_filter = ("exists",)
+    list_display = ("name", "logical_stream", "length", "groups", "dead_letters_link", "last_id", "exists", "problem",
+                    "synced_at")
+    list_filter = ("exists", LogicalStreamFilter)
     search_fields = ("name",)
-    fields = ("name", "length", "groups", "dead_letters", "last_id", "exists", "problem", "dlq_cursor", "synced_at")
+    fields = ("name", "logical_stream", "length", "groups", "dead_letters", "last_id", "exists", "problem", "dlq_cursor",
+              "synced_at")
     readonly_fields = fields
 
     @admin.display(description="dead letters", ordering="dead_letters")
@@ -52,12 +86,24 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         url = reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": obj.name})
         return format_html('<a href="{}">{}</a>', url, obj.dead_letters)
 
+    @admin.display(description="logical stream")
+    def logical_stream(self, obj):
+        return logical_link(obj.name)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [path("logical/", view(self.logical_view), name="streams_app_stream_logical"), *super().get_urls()]
+
+    @redis_unreachable_is_a_message
+    def logical_view(self, request):
+        return logical_views.logical_stream(self, request)
+
 
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "stream", "lag_display", "pending_link", "stale_pending", "consumers", "dead_letters",
-                    "last_delivered_id", "entries_read", "handler", "max_deliveries")
-    list_filter = ("stream", ("handler", admin.EmptyFieldListFilter))
+    list_display = ("name", "stream", "logical_stream", "lag_display", "pending_link", "stale_pending", "consumers",
+                    "dead_letters", "last_delivered_id", "entries_read", "handler", "max_deliveries")
+    list_filter = ("stream", GroupLogicalStreamFilter, ("handler", admin.EmptyFieldListFilter))
     search_fields = ("name", "stream__name", "handler")
     list_select_related = ("stream",)
     fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers", "last_delivered_id", "entries_read",
@@ -86,6 +132,14 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
     def dead_letters(self, obj):
         return obj.stream.dead_letters
 
+    @admin.display(description="logical stream")
+    def logical_stream(self, obj):
+        stream, index = partitions.logical(obj.stream.name)
+        if index is None:
+            return ""
+        return format_html('{} (<a href="{}">pending in all {} partitions</a>)', logical_link(obj.stream.name),
+                           logical_views.logical_pending_url(stream, obj.name), partitions.count(stream))
+
     @admin.display(description="pending", ordering="pending")
     def pending_link(self, obj):
         url = reverse("admin:streams_app_consumergroup_pending", args=[obj.pk])
@@ -94,9 +148,14 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view
         return [
+            path("logical-pending/", view(self.logical_pending_view), name="streams_app_consumergroup_logical_pending"),
             path("<path:object_id>/pending/", view(self.pending_view), name="streams_app_consumergroup_pending"),
             *super().get_urls(),
         ]
+
+    @redis_unreachable_is_a_message
+    def logical_pending_view(self, request):
+        return logical_views.logical_pending(self, request)
 
     @redis_unreachable_is_a_message
     def pending_view(self, request, object_id):
