@@ -28,6 +28,9 @@ LABELS = ("stream", "group")
 # A partitioned stream's partition is a stream of its own (stream="orders:3"); these say which
 # logical stream it belongs to (partition "" for a stream that is not partitioned).
 BACKLOG_LABELS = ("stream", "logical_stream", "partition", "group", "estimated")
+# The other figures read from Redis at scrape time carry them too: sum by (logical_stream, group).
+GROUP_LABELS = ("stream", "logical_stream", "partition", "group")
+STREAM_LABELS = ("stream", "logical_stream", "partition")
 # Handler time per message, from 100 µs (no-op handlers) to a minute (slow external calls).
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -122,16 +125,18 @@ class BacklogCollector:
         from streams_app.supervisor.lag import backlog as group_backlog
 
         specs = self._specs if self._specs is not None else registered()
-        lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.", labels=LABELS)
+        lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.",
+                                labels=GROUP_LABELS)
         estimated = GaugeMetricFamily("shoal_group_lag_estimated", "1 if shoal_group_lag is an estimate: Redis reported "
                                       "no lag (entries deleted or trimmed), or a lag the entries after the last "
-                                      "delivered id showed too high (Redis < 7.4 after a failover), so they were counted.", labels=LABELS)
+                                      "delivered id showed too high (Redis < 7.4 after a failover), so they were counted.", labels=GROUP_LABELS)
         backlog = GaugeMetricFamily(
             "shoal_group_backlog", "Entries not yet delivered to the group (shoal_group_lag) with the logical "
             "stream and partition of a partitioned stream: sum it by logical_stream. What autoscalers should read.",
             labels=BACKLOG_LABELS)
-        pending = GaugeMetricFamily("shoal_group_pending", "Entries delivered to the group and not acknowledged.", labels=LABELS)
-        dead = GaugeMetricFamily("shoal_dead_letters", "Entries in the stream's dead-letter stream.", labels=("stream",))
+        pending = GaugeMetricFamily("shoal_group_pending", "Entries delivered to the group and not acknowledged.",
+                                    labels=GROUP_LABELS)
+        dead = GaugeMetricFamily("shoal_dead_letters", "Entries in the stream's dead-letter stream.", labels=STREAM_LABELS)
         up = GaugeMetricFamily("shoal_backlog_scrape_ok", "1 if Redis answered this scrape's backlog queries.")
         streams = sorted({spec.stream for spec in specs})
         wanted = {(spec.stream, spec.group): spec for spec in specs}
@@ -146,27 +151,28 @@ class BacklogCollector:
             logger.warning("Metrics: Redis unreachable for the backlog figures: %s", exc)
             up.add_metric([], 0)
             return [up]
+        where = {spec.stream: (spec.logical, "" if spec.partition is None else str(spec.partition)) for spec in specs}
         for stream, groups, dlq_length in zip(streams, replies[::2], replies[1::2]):
+            logical, partition = where[stream]
             if isinstance(dlq_length, int):
-                dead.add_metric([stream], dlq_length)
+                dead.add_metric([stream, logical, partition], dlq_length)
             if isinstance(groups, Exception):
                 continue  # no such stream yet
             for info in groups:
                 name = _text(info["name"])
                 if (stream, name) not in wanted:
                     continue
-                pending.add_metric([stream, name], info["pending"])
+                labels = [stream, logical, partition, name]
+                pending.add_metric(labels, info["pending"])
                 try:
                     # Null lag (entries deleted, stream trimmed) is counted, never reported as zero; a lag a
                     # Redis before 7.4 may overstate (a promoted replica) is checked against a count.
                     value, counted = group_backlog(conn, stream, info)
                 except TRANSIENT_ERRORS:
                     continue
-                lag.add_metric([stream, name], value)
-                estimated.add_metric([stream, name], 1 if counted else 0)
-                spec = wanted[(stream, name)]
-                partition = "" if spec.partition is None else str(spec.partition)
-                backlog.add_metric([stream, spec.logical, partition, name, "true" if counted else "false"], value)
+                lag.add_metric(labels, value)
+                estimated.add_metric(labels, 1 if counted else 0)
+                backlog.add_metric([*labels, "true" if counted else "false"], value)
         up.add_metric([], 1)
         return [lag, estimated, backlog, pending, dead, up]
 

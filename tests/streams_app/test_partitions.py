@@ -143,6 +143,24 @@ def test_the_backlog_metric_names_the_logical_stream_and_partition(partitioned, 
     assert samples[("2", "true")] == 2  # estimated from the last-delivered id: 2 entries left to deliver
 
 
+def test_pending_lag_and_dead_letters_name_the_logical_stream_and_partition_too(partitioned, redis):
+    for name in partitioned:
+        redis.xgroup_create(name, "p", id="0", mkstream=True)
+    publish_many("orders", [{"n": n} for n in range(4 * N)])  # round-robin: 4 in each partition
+    for name in partitioned:
+        redis.xreadgroup("p", "c", {name: ">"}, count=1)
+    redis.xadd(dead_letter_key(partitioned[1]), {"payload": "{}"})
+    families = {m.name: m for m in BacklogCollector(select(["orders:p"])).collect()}
+    for family in ("shoal_group_pending", "shoal_group_lag", "shoal_group_lag_estimated", "shoal_dead_letters"):
+        samples = families[family].samples
+        assert {(s.labels["stream"], s.labels["logical_stream"], s.labels["partition"]) for s in samples} == {
+            (name, "orders", str(i)) for i, name in enumerate(partitioned)}, family
+    # What a dashboard sums by logical_stream: the whole stream's figures.
+    assert sum(s.value for s in families["shoal_group_pending"].samples) == N
+    assert sum(s.value for s in families["shoal_group_lag"].samples) == 3 * N
+    assert {s.labels["partition"]: s.value for s in families["shoal_dead_letters"].samples}["1"] == 1
+
+
 @pytest.mark.slow
 def test_runconsumer_on_the_logical_stream_reads_every_partition_exactly_once(partitioned, redis, run_consumer):
     streams = {"PARTITIONS": {"orders": N}, "CLAIM_INTERVAL_MS": 200}

@@ -151,7 +151,7 @@ def test_a_single_consumer_serves_its_metrics(redis, run_consumer):
     text = scrape()
     assert 'shoal_messages_failed_total{group="a",reason="error",stream="jobs"} 1.0' in text
     # The backlog, read from Redis at scrape time: only the failed entry stays pending (acks are batched).
-    wait_for(lambda: 'shoal_group_pending{group="a",stream="jobs"} 1.0' in scrape(), what="pending gauge at 1")
+    wait_for(lambda: 'shoal_group_pending{group="a",logical_stream="jobs",partition="",stream="jobs"} 1.0' in scrape(), what="pending gauge at 1")
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0
 

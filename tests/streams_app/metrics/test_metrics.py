@@ -82,9 +82,10 @@ def test_backlog_collector_reports_lag_pending_and_dead_letters(redis):
     families = {family.name: family for family in metrics.BacklogCollector(specs).collect()}
 
     samples = {(f.name, tuple(s.labels.values())): s.value for f in families.values() for s in f.samples}
-    assert samples[("shoal_group_lag", ("jobs", "a"))] == 3
-    assert samples[("shoal_group_pending", ("jobs", "a"))] == 2
-    assert samples[("shoal_dead_letters", ("jobs",))] == 1
+    # stream, logical_stream, partition ("" : not partitioned), group
+    assert samples[("shoal_group_lag", ("jobs", "jobs", "", "a"))] == 3
+    assert samples[("shoal_group_pending", ("jobs", "jobs", "", "a"))] == 2
+    assert samples[("shoal_dead_letters", ("jobs", "jobs", ""))] == 1
     assert samples[("shoal_backlog_scrape_ok", ())] == 1
     assert not any(labels == ("queue:order-processing", "workers") for _, labels in samples)  # no stream yet
 
