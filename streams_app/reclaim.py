@@ -31,6 +31,7 @@ from streams_app.consuming import refusals
 from streams_app.consuming.groups import key_type
 from streams_app.entry_ids import id_key, next_id
 from streams_app.registry import registered
+from streams_app.supervisor.lag import backlog
 
 logger = logging.getLogger("streams_app.reclaim")
 
@@ -291,6 +292,8 @@ class Reclaimer:
                 if name not in groups:
                     continue
                 lag = info.get("lag")
+                if lag:  # before Redis 7.4 a promoted replica's lag can stay too high: checked (null stays null)
+                    lag, _ = backlog(self.conn, stream, info)
                 metrics.group_consumers.labels(stream, name).set(info["consumers"])
                 if self.conn.set(keys.snapshot_lock_key(stream, name), "1", nx=True, px=max(1, interval_ms - 500)):
                     rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,

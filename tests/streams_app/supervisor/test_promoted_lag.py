@@ -10,7 +10,9 @@ import pytest
 from streams_app.admin import mirror
 from streams_app.connection import get_connection
 from streams_app.metrics import consumer as metrics
-from streams_app.models import ConsumerGroup
+from streams_app.conf import get_settings
+from streams_app.models import ConsumerGroup, GroupSnapshot
+from streams_app.reclaim import Reclaimer
 from streams_app.registry import select
 from streams_app.supervisor.lag import GroupLag, checked_lag, group_lag, lag_is_trusted
 from tests.waiting import wait_for
@@ -71,6 +73,14 @@ def test_the_admin_shows_the_real_backlog_of_a_promoted_replica(promoted):
     mirror.sync_all()
     group = ConsumerGroup.objects.get(stream__name="jobs", name="a")
     assert (group.lag, group.lag_estimated) == (UNREAD, True)
+
+
+@pytest.mark.django_db
+def test_the_reclaimers_snapshot_of_a_promoted_replica_records_the_real_backlog(promoted):
+    # The snapshots draw the admin's lag chart.
+    daemon = Reclaimer(select(["jobs:a"]), conn=get_connection(), config={**get_settings(), "SNAPSHOT_INTERVAL": 3600})
+    assert daemon.tick().snapshots == 1
+    assert GroupSnapshot.objects.get(stream="jobs", group="a").lag == UNREAD
 
 
 def test_a_right_lag_is_kept_and_a_count_past_the_cap_uses_the_length(redis_server, redis):
