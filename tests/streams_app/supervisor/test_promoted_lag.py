@@ -7,6 +7,7 @@ here with two real servers and REPLICAOF, then REPLICAOF NO ONE (what a failover
 """
 import pytest
 
+from streams_app import publish_many
 from streams_app.admin import mirror
 from streams_app.connection import get_connection
 from streams_app.metrics import consumer as metrics
@@ -83,7 +84,15 @@ def test_the_reclaimers_snapshot_of_a_promoted_replica_records_the_real_backlog(
     assert GroupSnapshot.objects.get(stream="jobs", group="a").lag == UNREAD
 
 
+@pytest.mark.both_redis
 def test_a_right_lag_is_kept_and_a_count_past_the_cap_uses_the_length(redis_server, redis):
+    conn = get_connection()
+    if not lag_is_trusted(conn, "jobs"):  # the node's version, asked of the node holding the stream
+        publish_many("jobs", [{"n": n} for n in range(5)])
+        redis.xgroup_create("jobs", "a", id="0")
+        redis.xreadgroup("a", "c", {"jobs": ">"}, count=2)
+        assert group_lag(conn, "jobs", "a") == GroupLag("jobs", "a", 3)  # checked, and right
+        redis.delete("jobs")
     ids = [redis.xadd("jobs", {"payload": "{}"}) for _ in range(30)]
     # 30 entries, 10 delivered: the lag 20 is right, and a lag of 25 is 5 too many.
     assert checked_lag(redis, "jobs", ids[9], 20) == 20
