@@ -103,3 +103,21 @@ def test_a_right_lag_is_kept_and_a_count_past_the_cap_uses_the_length(redis_serv
     assert checked_lag(redis, "jobs", ids[9], 25, cap=4) == 25
     assert checked_lag(redis, "jobs", ids[9], 99, cap=4) == 30
     assert checked_lag(redis, "jobs", "0-0", 99) == 30
+
+
+def test_a_user_that_may_not_run_info_gets_the_lag_checked(redis_factory):
+    import redis as redis_py
+
+    server = redis_factory()
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "shoal", "on", ">pw", "~*", "&*", "-@all", "+@stream", "+@connection",
+                          "-@dangerous")
+    user = redis_py.Redis(port=server.port, username="shoal", password="pw", decode_responses=True)
+    with pytest.raises(redis_py.exceptions.NoPermissionError):
+        user.info("server")
+    for _ in range(5):
+        user.xadd("jobs", {"payload": "{}"})
+    user.xgroup_create("jobs", "a", id="0")
+    user.xreadgroup("a", "c", {"jobs": ">"}, count=2)
+    assert not lag_is_trusted(user, "jobs")  # unknown version: counted rather than trusted
+    assert group_lag(user, "jobs", "a") == GroupLag("jobs", "a", 3)
