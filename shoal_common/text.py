@@ -4,3 +4,8 @@
 def to_text(value, errors="strict"):
     """``value`` as str: bytes are decoded as UTF-8 (``errors="replace"`` keeps bad bytes visible as U+FFFD)."""
     return value.decode("utf-8", errors) if isinstance(value, bytes) else value
+
+
+def counted(number, singular, plural=None):
+    """"1 row", "2 rows": a count with its noun agreeing (``plural`` for irregular nouns)."""
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"

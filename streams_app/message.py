@@ -14,6 +14,9 @@ PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; 
 _UNSET = object()
 # Reserved by Shoal (streams_app.deadletters.store.RESERVED_FIELDS): set on replayed dead letters.
 TARGET_GROUP_FIELD = b"shoal:target_group"
+# Set by the outbox (streams_app/outbox/enqueue.py): one per outbox row, repeated when the relay re-sends
+# it. The idempotency guards prefer it to ``key``, which many messages may share (key=f"order-{pk}").
+IDEMPOTENCY_ID_FIELD = "shoal:idempotency_id"
 
 
 def _text(value):
@@ -105,6 +108,12 @@ class Message:
         if raw is None and _raw(self.raw_fields, b"replay_of") is not None:
             # Replayed before Shoal namespaced its fields (both bare names together: not a producer's).
             raw = _raw(self.raw_fields, b"target_group")
+        return None if raw is None else _text(raw)
+
+    @property
+    def idempotency_id(self):
+        """What the idempotency guards deduplicate by when set (outbox messages): see IDEMPOTENCY_ID_FIELD."""
+        raw = _raw(self.raw_fields, IDEMPOTENCY_ID_FIELD.encode())
         return None if raw is None else _text(raw)
 
     @property

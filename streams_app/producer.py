@@ -279,16 +279,17 @@ def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, co
 
     if pipeline is not None:
         raise PublishError("outbox=True writes to the database, not to a Redis pipeline: pass one or the other")
-    keys = [enqueue.check_key(key) for key in keys]
-    encoded = []
+    enqueue.check_row(stream, maxlen)
+    encoded, checked = [], []
     for index, (payload, key) in enumerate(zip(payloads, keys)):
         try:
-            encoded.append(encode_message(payload, key=key, headers=headers, codec=codec))
+            checked.append(enqueue.check_key(key))
+            encoded.append(encode_message(payload, key=checked[-1], headers=headers, codec=codec))
         except PublishError as exc:
             error = PublishError(f"message {index}: {exc}" if len(keys) > 1 else str(exc))
             error.index, error.reason = index, str(exc)
             raise error from None
-    return enqueue.enqueue(stream, encoded, keys, maxlen, using)
+    return enqueue.enqueue(stream, encoded, checked, maxlen, using)
 
 
 def _partial(stream, ids, in_doubt, cause):

@@ -76,7 +76,8 @@ def transaction_aborted(connection):
 
 
 def message_key(message):
-    key = message.key or message.id
+    # An outbox message's own id first: its key orders and routes, and many messages may share it.
+    key = message.idempotency_id or message.key or message.id
     if len(key) > 200:
         # Keys are free text from producers; keep the Redis key and the DB column bounded.
         key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()

@@ -3,6 +3,7 @@ from django.contrib import admin, messages
 from django.http import Http404
 from django.utils.text import Truncator
 
+from shoal_common.text import counted
 from streams_app.outbox import cleanup
 from streams_app.outbox.models import OutboxMessage
 
@@ -68,10 +69,11 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     @admin.action(description="Retry the selected waiting rows at the next relay pass", permissions=["retry"])
     def retry_now(self, request, queryset):
         count = queryset.filter(relayed_at__isnull=True).update(next_attempt_at=None)
-        self.message_user(request, f"{count} waiting rows are due at the relay's next pass.", messages.SUCCESS)
+        self.message_user(request, f"{counted(count, 'waiting row')} {'is' if count == 1 else 'are'} due at the "
+                                   "relay's next pass.", messages.SUCCESS)
 
     def changelist_view(self, request, extra_context=None):
         figures = cleanup.backlog()
-        title = (f"Outbox: {figures['rows']} rows waiting, the oldest {figures['age']:.0f} s old, "
+        title = (f"Outbox: {counted(figures['rows'], 'row')} waiting, the oldest {figures['age']:.0f} s old, "
                  f"{figures['failing']} refused by Redis at least once")
         return super().changelist_view(request, {"title": title, **(extra_context or {})})

@@ -12,17 +12,28 @@ from django.db import transaction
 
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import PublishError
+from streams_app.message import IDEMPOTENCY_ID_FIELD
 
 logger = logging.getLogger("streams_app.outbox")
 
 NUDGE_KEY = "shoal:outbox:nudge"  # a spurious wake-up is harmless, so deployments may share it
 KEY_MAX = 255  # OutboxMessage.key
+STREAM_MAX = 200  # OutboxMessage.stream
+MAXLEN_MAX = 2**63 - 1  # OutboxMessage.maxlen, a 64-bit integer column
 
 
 def new_key():
-    """A key for a message published without one: the consumer's guard needs one that a re-send repeats."""
+    """A key for a message published without one: the partitioned streams route by it."""
     return f"outbox-{uuid.uuid4().hex}"
 
+
+def new_idempotency_id():
+    """This row's own id, sent with every copy the relay sends, so the consumers' guards make one effect of them."""
+    return f"outbox-{uuid.uuid4().hex}"
+
+
+# A value the database refuses would fail inside the caller's transaction and break it (PostgreSQL
+# has no NUL in text; every database has its column sizes): such input is refused before any SQL.
 
 def check_key(key):
     if key is None:
@@ -31,7 +42,25 @@ def check_key(key):
         raise PublishError(f"key must be a non-empty string, not {key!r}")
     if len(key) > KEY_MAX:
         raise PublishError(f"an outbox message key is at most {KEY_MAX} characters, not {len(key)}")
+    _no_nul(key, "an outbox message key")
     return key
+
+
+def check_row(stream, maxlen):
+    if len(stream) > STREAM_MAX:
+        raise PublishError(f"an outbox stream name is at most {STREAM_MAX} characters, not {len(stream)}")
+    _no_nul(stream, "an outbox stream name")
+    if maxlen is not None and maxlen > MAXLEN_MAX:
+        raise PublishError(f"maxlen is at most {MAXLEN_MAX}, not {maxlen}")
+
+
+NUL = "\x00"
+
+
+def _no_nul(text, what):
+    if NUL in text:
+        raise PublishError(f"{what} must not contain a NUL character (\\x00, at position {text.index(NUL)}): "
+                           "databases such as PostgreSQL cannot store it in text")
 
 
 def enqueue(stream, encoded, keys, maxlen, using):
@@ -39,8 +68,9 @@ def enqueue(stream, encoded, keys, maxlen, using):
     from streams_app.outbox.models import OutboxMessage
 
     # The codec may write bytes (orjson: UTF-8); the row stores text, which XADD sends as the same bytes.
-    rows = [OutboxMessage(stream=stream, key=key, fields={name: _text(value) for name, value in fields.items()},
-                          maxlen=maxlen) for key, fields in zip(keys, encoded)]
+    rows = [OutboxMessage(stream=stream, key=key, maxlen=maxlen, fields={
+        **{name: _text(value) for name, value in fields.items()}, IDEMPOTENCY_ID_FIELD: new_idempotency_id()})
+        for key, fields in zip(keys, encoded)]
     # savepoint=False: inside the caller's transaction this adds nothing; outside, it is the transaction.
     with transaction.atomic(using=using, savepoint=False):
         if len(rows) == 1:

@@ -8,9 +8,11 @@ class OutboxMessage(models.Model):
 
     id = models.BigAutoField(primary_key=True)  # the relay's order: per key, rows go out in id order
     stream = models.CharField(max_length=200)
-    key = models.CharField(max_length=255, help_text="The message key: given, or generated at write time. The "
-                                                     "consumer's idempotent guard deduplicates a relay's re-send by it.")
-    fields = models.JSONField(help_text="The entry's fields (payload, key, headers, published_at) as XADD sends them.")
+    key = models.CharField(max_length=255, help_text="The message key: given, or generated at write time. Rows of "
+                                                     "one key go out in order; many messages may share it.")
+    fields = models.JSONField(help_text="The entry's fields (payload, key, headers, published_at, and "
+                                        "shoal:idempotency_id, this row's own id that the consumers' guards "
+                                        "deduplicate a relay's re-send by) as XADD sends them.")
     maxlen = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     relayed_at = models.DateTimeField(null=True, blank=True, help_text="When the relay stored it in Redis; "

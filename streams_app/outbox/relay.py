@@ -6,8 +6,9 @@ key has an earlier waiting row this relay does not hold (another relay has it, o
 be retried), XADD the rest in one pipeline, and mark them relayed in the same transaction.
 
 A relay killed after the XADD and before the commit leaves its rows waiting: the next relay sends
-them again. That is at-least-once on purpose; every row carries its message key, so a consumer
-with ``idempotent="db"`` (or ``"redis"``) makes one effect of the copies.
+them again. That is at-least-once on purpose; every row carries an id of its own in its fields
+(``shoal:idempotency_id``, enqueue.py), so a consumer with ``idempotent="db"`` (or ``"redis"``) makes
+one effect of the copies, and one effect of each of the several messages a key may have.
 
 The loop (``run``): a pass whenever a commit nudges (enqueue.nudge: BLPOP on a one-element list),
 and at least every OUTBOX_SWEEP_INTERVAL seconds, the sweep that finds rows whose nudge was lost.
@@ -26,7 +27,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from shoal_common.text import to_text
+from shoal_common.text import counted, to_text
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection
 from streams_app.outbox import cleanup, enqueue
@@ -66,6 +67,8 @@ class Relay:
         self.down_since = None
         self._standing_by = False
         self._last_cleanup = 0.0
+        self._unlogged = 0  # rows relayed since the last progress line
+        self._last_line = 0.0
 
     @property
     def redis(self):
@@ -102,7 +105,7 @@ class Relay:
         try:
             sent, claimed = self.relay_batch()
             self._cleanup()
-            cleanup.update_gauges(self.using)
+            figures = cleanup.update_gauges(self.using)
         except TRANSIENT_ERRORS as exc:
             if self.down_since is None:
                 self.down_since = time.monotonic()
@@ -120,7 +123,20 @@ class Relay:
                            time.monotonic() - self.down_since)
             self.down_since = None
         self.passes += 1
-        return sent > 0 and claimed >= self.config["OUTBOX_BATCH"]
+        busy = sent > 0 and claimed >= self.config["OUTBOX_BATCH"]
+        self._unlogged += sent
+        if not busy:
+            self._say_progress(figures)
+        return busy
+
+    def _say_progress(self, figures):
+        """One line for the rows relayed since the last one, at most once per sweep interval: a busy
+        site nudges the relay at every commit, and an idle relay has nothing to say."""
+        if self._unlogged and time.monotonic() - self._last_line >= self.config["OUTBOX_SWEEP_INTERVAL"]:
+            logger.info("%s: relayed %s to Redis; %s waiting", self.name, counted(self._unlogged, "row"),
+                        counted(figures["rows"], "row"))
+            self._unlogged = 0
+            self._last_line = time.monotonic()
 
     def wait(self):
         """Until a commit nudges, the sweep interval passes, or the relay is stopped."""

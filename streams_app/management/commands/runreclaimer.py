@@ -5,6 +5,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 
 from shoal_common.cli import bad_flags_exit_config, log_level, port, positive_float
+from shoal_common.text import counted
 
 from streams_app.consuming.worker import EXIT_CONFIG
 from streams_app.reclaim import Reclaimer
@@ -12,11 +13,12 @@ from streams_app.checks import settings_errors
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.reclaim")
-
+relay_logger = logging.getLogger("streams_app.outbox")
 
 
 def start_relay(stop):
-    """The outbox relay in a thread that stops with the reclaimer (streams_app/outbox/relay.py)."""
+    """The outbox relay in a thread that stops with the reclaimer (streams_app/outbox/relay.py);
+    it logs as ``runrelay`` does. Returns (relay, thread)."""
     from streams_app.management.commands.runrelay import check_outbox_table
     from streams_app.outbox.relay import Relay
 
@@ -24,8 +26,9 @@ def start_relay(stop):
     relay = Relay("default")
     relay.stop = stop
     thread = threading.Thread(target=relay.run, name="shoal-relay", daemon=True)
+    relay_logger.info("Relay: relaying the outbox of database 'default' to Redis (a thread of the reclaim daemon)")
     thread.start()
-    return thread
+    return relay, thread
 
 
 class Command(BaseCommand):
@@ -74,13 +77,14 @@ class Command(BaseCommand):
         def on_signal(signum, frame):
             reclaimer.stop.set()  # the current pass finishes; run() returns before the next
 
-        relay_thread = start_relay(reclaimer.stop) if relay and not once else None
+        outbox_relay, relay_thread = start_relay(reclaimer.stop) if relay and not once else (None, None)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        logger.info("Reclaimer: watching %d groups (%s)", len(specs), ", ".join(s.name for s in specs))
+        logger.info("Reclaimer: watching %s (%s)", counted(len(specs), "group"), ", ".join(s.name for s in specs))
         reclaimer.run(interval=interval, once=once)
         if relay_thread is not None:
             relay_thread.join()
+            relay_logger.info("Relay: stopped after relaying %s", counted(outbox_relay.relayed, "row"))
         errors = reclaimer.last_report.errors if reclaimer.last_report else []
         if once and errors:
             # A cron job must not report success for a pass that audited nothing (Redis away, a bad key).

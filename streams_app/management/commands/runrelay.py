@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import DatabaseError, connections
 
 from shoal_common.cli import log_level, port
+from shoal_common.text import counted
 
 from streams_app.checks import settings_errors
 from streams_app.consuming.worker import EXIT_CONFIG
@@ -72,4 +73,4 @@ class Command(BaseCommand):
                 raise CommandError("Redis is unreachable: the outbox rows wait in the database", returncode=1)
         else:
             relay.run()
-        logger.info("Relay: stopped after relaying %d rows", relay.relayed)
+        logger.info("Relay: stopped after relaying %s", counted(relay.relayed, "row"))

@@ -17,6 +17,7 @@ from streams_app.exceptions import PublishError
 from streams_app.outbox import cleanup, enqueue
 from streams_app.outbox.models import OutboxMessage
 from streams_app.outbox.relay import Relay
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,7 +94,66 @@ def test_bad_input_fails_in_the_callers_transaction(redis, relay):
         publish("orders", {}, outbox=True, pipeline=redis.pipeline())
     with pytest.raises(PublishError, match="must not contain"):
         publish("or{ders}", {}, outbox=True)
+    # What a database refuses (PostgreSQL: NUL in text; column sizes) is refused before any SQL, so the
+    # caller's transaction goes on (on PostgreSQL too: test_outbox_processes.py).
+    with pytest.raises(PublishError, match=r"key must not contain a NUL character \(\\x00, at position 1\)"):
+        publish("orders", {}, key="a\x00b", outbox=True)
+    with pytest.raises(PublishError, match=r"message 2: an outbox message key must not contain a NUL"):
+        publish_many("orders", [{}, {}, {}], keys=["a", "b", "\x00"], outbox=True)
+    with pytest.raises(PublishError, match="stream name must not contain a NUL"):
+        publish("ord\x00ers", {}, outbox=True)
+    with pytest.raises(PublishError, match="stream name is at most 200 characters, not 201"):
+        publish("s" * 201, {}, outbox=True)
+    with pytest.raises(PublishError, match="maxlen is at most 9223372036854775807"):
+        publish("orders", {}, maxlen=2**63, outbox=True)
     assert not OutboxMessage.objects.exists()
+    publish("orders", {"note": "a\x00b"}, key="fine", outbox=True)  # in the payload it is JSON's \u0000
+    relay().tick()
+    assert payloads(redis, "orders") == [("fine", {"note": "a\x00b"})]
+
+
+def test_messages_sharing_a_key_have_one_effect_each_and_a_resent_copy_none(redis, relay):
+    """The docs' own key=f"order-{pk}" names several events of one order: each has its own effect."""
+    from streams_app.consuming.idempotency import DbGuard, RedisGuard
+    from streams_app.message import Message
+
+    with transaction.atomic():
+        publish("orders", {"event": "created"}, key="order-1", outbox=True)
+        publish("orders", {"event": "paid"}, key="order-1", outbox=True)
+    relay().tick()
+    OutboxMessage.objects.update(relayed_at=None)  # as if the relay died before marking them: sent again
+    relay().tick()
+    entries = [Message(entry_id, "orders", "g", fields, consumer="c1") for entry_id, fields in redis.xrange("orders")]
+    assert [m.payload["event"] for m in entries] == ["created", "paid", "created", "paid"]
+    assert all(m.key == "order-1" for m in entries)
+    assert entries[0].idempotency_id == entries[2].idempotency_id != entries[1].idempotency_id
+
+    effects = []
+    guard = DbGuard()
+    assert [guard.call(lambda m: effects.append(m.payload["event"]), m) for m in entries] == [True, True, False, False]
+    assert effects == ["created", "paid"]
+
+    guard = RedisGuard(redis, "orders", "g", running_ms=10_000, ttl=60)
+    to_run, duplicates, busy = guard.begin(entries[:2])
+    assert (to_run, duplicates, busy) == (entries[:2], [], [])
+    guard.end(entries[:2], [])
+    assert guard.begin(entries[2:]) == ([], entries[2:], [])
+
+
+def test_the_relay_says_what_it_relayed_and_nothing_when_idle(redis, relay, caplog):
+    caplog.set_level("INFO", logger="streams_app.outbox")
+    lines = lambda: [r.getMessage() for r in caplog.records if "relayed" in r.getMessage()]  # noqa: E731
+    one = relay()
+    publish("orders", {"n": 0}, outbox=True)
+    one.tick()
+    assert lines() == ["Relay: relayed 1 row to Redis; 0 rows waiting"]
+    for _ in range(5):
+        one.tick()
+    assert len(lines()) == 1  # idle passes say nothing
+    publish_many("orders", [{"n": 1}, {"n": 2}], outbox=True)
+    # At most one line per sweep interval however often commits nudge it; the next pass after it says the rest.
+    wait_for(lambda: one.tick() is False and len(lines()) == 2, timeout=30, what="the second progress line")
+    assert lines()[1] == "Relay: relayed 2 rows to Redis; 0 rows waiting"
 
 
 def test_a_refused_row_is_retried_later_holds_back_its_key_and_says_why(redis, relay):

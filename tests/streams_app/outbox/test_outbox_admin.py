@@ -25,6 +25,9 @@ def test_the_index_shows_the_outbox_backlog_and_links_to_the_failing_rows(staff_
     html = client.get("/admin/").content.decode()
     assert "Outbox</th><td>\nnothing waiting" in html
     publish("orders", {"n": 0}, key="fine", outbox=True)
+    html = client.get("/admin/").content.decode()
+    assert "1 row waiting</a>" in html
+    assert "Outbox: 1 row waiting, the oldest" in client.get(CHANGELIST).content.decode()
     refused("bad")
     OutboxMessage.objects.update(created_at=timezone.now() - timedelta(seconds=120))
     html = client.get("/admin/").content.decode()
@@ -45,7 +48,7 @@ def test_the_changelist_says_why_rows_fail_and_retry_needs_its_permission(staff_
 
     client = staff_client("streams_app.view_outboxmessage", "streams_app.retry_outboxmessage")
     row = OutboxMessage.objects.get(key="bad")
-    response = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)]})
-    assert response.status_code == 302
+    response = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)]}, follow=True)
+    assert "1 waiting row is due at the relay&#x27;s next pass." in response.content.decode()
     row.refresh_from_db()
     assert row.next_attempt_at is None and row.attempts == 3  # due now; its history stays

@@ -6,6 +6,7 @@ order, an Order row and ``publish(..., outbox=True)``, some rolled back on purpo
 guarded with ``idempotent="db"``, which writes one Effect row per order.
 """
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -30,13 +31,18 @@ def run(run_consumer, process_database):
     return start
 
 
-def write_orders(database, server, *orders, keys=0):
-    """Run the writers to completion (a process of their own, like a web request)."""
+def manage(database, server, *args):
+    """``manage.py ARGS`` to completion (a process of its own, like a web request); its output."""
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database.url, "REDIS_URL": server.url,
            "SHOAL_TEST_STREAMS": json.dumps(FAST), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "outbox_orders", *orders, "--keys", str(keys)],
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def write_orders(database, server, *orders, keys=0):
+    manage(database, server, "outbox_orders", *orders, "--keys", str(keys))
 
 
 def waiting_rows(database):
@@ -79,7 +85,8 @@ def test_a_rolled_back_transaction_publishes_nothing_and_a_committed_one_is_rela
 def test_a_relay_killed_between_xadd_and_marking_resends_and_the_db_guard_makes_one_effect(
         redis_server, redis, run, process_database, tmp_path):
     names = [f"o{i}" for i in range(20)]
-    write_orders(process_database, redis_server, *names)
+    # Three keys (k0, k1, k2) for twenty orders, as key=f"customer-{pk}" would: a key names no one message.
+    write_orders(process_database, redis_server, *names, keys=3)
     marker = tmp_path / "died"
     doomed = run("runrelay", env={"SHOAL_TEST_RELAY_DIE_AFTER_XADD": str(marker)})
     assert doomed.wait(60) == -signal.SIGKILL, doomed.output()
@@ -141,8 +148,40 @@ def test_runreclaimer_with_relay_relays_the_outbox_and_stops_cleanly(redis_serve
     wait_for(lambda: redis.xlen(STREAM) == 2 and waiting_rows(process_database) == 0, timeout=60,
              what="the committed orders relayed by the reclaimer's relay")
     assert [o["order"] for o in stream_orders(redis)] == ["r-1", "r-3"]
+    # It says what it relays, as runrelay does: a line when it starts, for passes with work, and at the end.
+    daemon.wait_for_output("Relay: relayed", timeout=60)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(60) == 0, daemon.output()
+    output = daemon.output()
+    assert "Relay: relaying the outbox of database 'default' to Redis (a thread of the reclaim daemon)" in output
+    progress = re.findall(r"Relay: relayed (\d+) rows? to Redis", output)
+    assert 1 <= len(progress) <= 2 and sum(map(int, progress)) == 2, output
+    assert "Relay: stopped after relaying 2 rows" in output
+
+
+def test_a_value_the_database_refuses_is_a_publish_error_and_the_callers_transaction_goes_on(
+        redis_server, process_database):
+    """PostgreSQL refuses NUL in text: the outbox says so before any SQL, so the transaction stays usable."""
+    script = "\n".join([
+        "from django.db import transaction",
+        "from streams_app import publish",
+        "from streams_app.exceptions import PublishError",
+        "from tests.testapp.models import Order",
+        "with transaction.atomic():",
+        "    Order.objects.create(name='before')",
+        "    for stream, key in [('s', 'a\\x00b'), ('s\\x00', 'k'), ('s' * 201, 'k')]:",
+        "        try:",
+        "            publish(stream, {'n': 1}, key=key, outbox=True)",
+        "        except PublishError as exc:",
+        "            print('refused:', exc)",
+        "    Order.objects.create(name='after')",
+        "    publish('s', {'note': 'a\\x00b'}, key='fine', outbox=True)",
+    ])
+    output = manage(process_database, redis_server, "shell", "-c", script)
+    assert output.count("refused:") == 3, output
+    assert "key must not contain a NUL character" in output
+    assert process_database.rows("SELECT name FROM testapp_order ORDER BY id") == [("before",), ("after",)]
+    assert process_database.rows("SELECT stream, key FROM streams_app_outboxmessage") == [("s", "fine")]
 
 
 def test_runrelay_says_what_is_wrong_with_its_database(run):
