@@ -159,6 +159,15 @@ def test_runreclaimer_with_relay_relays_the_outbox_and_stops_cleanly(redis_serve
     assert "Relay: stopped after relaying 2 rows" in output
 
 
+def test_runreclaimer_once_with_relay_relays_what_is_waiting(redis_server, redis, run, process_database):
+    """A cron job's ``runreclaimer --once --relay`` relays the outbox too, as ``runrelay --once`` would."""
+    write_orders(process_database, redis_server, "c-1", "c-2")
+    daemon = run("runreclaimer", "--once", "--relay")
+    assert daemon.wait(90) == 0, daemon.output()
+    assert [o["order"] for o in stream_orders(redis)] == ["c-1", "c-2"] and waiting_rows(process_database) == 0
+    assert "Relay: stopped after relaying 2 rows" in daemon.output()
+
+
 def test_a_value_the_database_refuses_is_a_publish_error_and_the_callers_transaction_goes_on(
         redis_server, process_database):
     """PostgreSQL refuses NUL in text: the outbox says so before any SQL, so the transaction stays usable."""
