@@ -6,10 +6,12 @@ insert its own tiny transaction. After the commit, ``on_commit`` nudges the rela
 Redis list it waits on); if the nudge fails, nothing is lost: the relay's sweep finds the row.
 """
 import logging
+import time
 import uuid
 
 from django.db import transaction
 
+from streams_app.conf import setting
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import PublishError
 from streams_app.message import IDEMPOTENCY_ID_FIELD
@@ -85,14 +87,24 @@ def _text(value):
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+# After a failed nudge, commits skip the nudge for a sweep interval: with Redis away each attempt costs
+# the writer connection retries (up to SOCKET_CONNECT_TIMEOUT when its host does not answer), and the
+# relay cannot use a nudge then anyway; its sweep finds the rows.
+_quiet_until = 0.0
+
+
 def nudge():
     """Wake a waiting relay now rather than at its next sweep. Never raises: it runs after the caller's commit."""
+    global _quiet_until
+    if time.monotonic() < _quiet_until:
+        return
     try:
         pipe = get_connection().pipeline(transaction=False)
         pipe.lpush(NUDGE_KEY, 1)
         pipe.ltrim(NUDGE_KEY, 0, 0)  # one pending nudge is as good as many
         pipe.execute()
     except TRANSIENT_ERRORS as exc:
+        _quiet_until = time.monotonic() + setting("OUTBOX_SWEEP_INTERVAL")
         logger.debug("Outbox: could not nudge the relay (%s); its sweep will find the rows", exc)
     except Exception:  # the caller's transaction is committed: an error here must not look like a failed write
         logger.exception("Outbox: could not nudge the relay; its sweep will find the rows")

@@ -76,6 +76,28 @@ def test_outside_a_transaction_the_row_is_its_own_transaction_and_a_key_is_gener
     assert payloads(redis, "orders") == [(key, {"id": 2})]
 
 
+def test_with_redis_away_commits_try_to_nudge_once_per_sweep_interval(redis_factory, use_redis, monkeypatch, settings):
+    """Writers are not slowed by Redis's absence: each nudge would pay connection retries (a host that
+    does not answer: SOCKET_CONNECT_TIMEOUT) at every commit. The rows wait for the relay's sweep."""
+    server = redis_factory()
+    use_redis(server)
+    server.stop()
+    settings.STREAMS = {**settings.STREAMS, "OUTBOX_SWEEP_INTERVAL": 3600}
+    monkeypatch.setattr(enqueue, "_quiet_until", 0.0, raising=False)
+    attempts = []
+    real = enqueue.get_connection
+    monkeypatch.setattr(enqueue, "get_connection", lambda: attempts.append(1) or real())
+    for n in range(5):
+        with transaction.atomic():
+            publish("orders", {"n": n}, outbox=True)
+    assert len(attempts) == 1
+    assert OutboxMessage.objects.filter(relayed_at__isnull=True).count() == 5
+    monkeypatch.setattr(enqueue, "_quiet_until", 0.0, raising=False)  # the interval has passed
+    server.start()
+    publish("orders", {"n": 5}, outbox=True)
+    assert len(attempts) == 2 and server.client().llen(enqueue.NUDGE_KEY) == 1
+
+
 def test_publish_many_writes_every_row_or_none(redis, relay):
     with transaction.atomic():
         keys = publish_many("orders", [{"n": i} for i in range(3)], keys=["a", "b", None], outbox=True)
