@@ -83,7 +83,6 @@ def test_with_redis_away_commits_try_to_nudge_once_per_sweep_interval(redis_fact
     use_redis(server)
     server.stop()
     settings.STREAMS = {**settings.STREAMS, "OUTBOX_SWEEP_INTERVAL": 3600}
-    monkeypatch.setattr(enqueue, "_quiet_until", 0.0, raising=False)
     attempts = []
     real = enqueue.get_connection
     monkeypatch.setattr(enqueue, "get_connection", lambda: attempts.append(1) or real())
@@ -92,7 +91,7 @@ def test_with_redis_away_commits_try_to_nudge_once_per_sweep_interval(redis_fact
             publish("orders", {"n": n}, outbox=True)
     assert len(attempts) == 1
     assert OutboxMessage.objects.filter(relayed_at__isnull=True).count() == 5
-    monkeypatch.setattr(enqueue, "_quiet_until", 0.0, raising=False)  # the interval has passed
+    monkeypatch.setattr(enqueue, "_quiet_until", 0.0)  # the interval has passed
     server.start()
     publish("orders", {"n": 5}, outbox=True)
     assert len(attempts) == 2 and server.client().llen(enqueue.NUDGE_KEY) == 1
