@@ -1,7 +1,8 @@
 """The outbox's chaos run, on PostgreSQL (issue 17).
 
 Web-like writers (three ``manage.py outbox_orders`` processes) commit Order rows with an outbox
-publish in the same transaction, every 10th transaction rolled back on purpose. Two ``runrelay``
+publish in the same transaction, every 10th transaction rolled back on purpose, the orders sharing
+40 keys. Two ``runrelay``
 processes share the outbox (SKIP LOCKED) while one of them is SIGKILLed every second or so and
 started again, and redis-server is restarted once (SIGTERM: a clean shutdown keeps every write it
 acknowledged). One ``runconsumer outbox-orders:effects`` (``idempotent="db"``) writes an Effect row
@@ -28,6 +29,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 WRITERS, ORDERS_EACH, ROLLBACK_EVERY = 3, 600, 10
+KEYS = 40  # orders share keys (k0..k39, across writers), as key=f"customer-{pk}" would: each still has its effect
 STREAMS = {"OUTBOX_SWEEP_INTERVAL": 0.5, "OUTBOX_BATCH": 50, "PENDING_TIMEOUT_MS": 2000, "CLAIM_INTERVAL_MS": 300,
            "BLOCK_MS": 500, "CONSUMER_TTL": 3.0}
 
@@ -58,7 +60,7 @@ def test_outbox_orders_have_exactly_one_effect_through_relay_kills_and_a_redis_r
         consumer = start("runconsumer", "outbox-orders:effects", "--threads", "2")
         consumer.wait_for_output("started", timeout=60)
         writers = [subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "outbox_orders", "--count", str(ORDERS_EACH),
-                                     "--prefix", f"w{w}-", "--rollback-every", str(ROLLBACK_EVERY)],
+                                     "--prefix", f"w{w}-", "--rollback-every", str(ROLLBACK_EVERY), "--keys", str(KEYS)],
                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                    for w in range(WRITERS)]
         faults = Counter()
