@@ -17,6 +17,7 @@ TARGET_GROUP_FIELD = b"shoal:target_group"
 # Set by the outbox (streams_app/outbox/enqueue.py): one per outbox row, repeated when the relay re-sends
 # it. The idempotency guards prefer it to ``key``, which many messages may share (key=f"order-{pk}").
 IDEMPOTENCY_ID_FIELD = "shoal:idempotency_id"
+_IDEMPOTENCY_ID_RAW = IDEMPOTENCY_ID_FIELD.encode()
 
 
 def _text(value):
@@ -113,12 +114,12 @@ class Message:
     @property
     def idempotency_id(self):
         """What the idempotency guards deduplicate by when set (outbox messages): see IDEMPOTENCY_ID_FIELD."""
-        raw = _raw(self.raw_fields, IDEMPOTENCY_ID_FIELD.encode())
+        raw = _raw(self.raw_fields, _IDEMPOTENCY_ID_RAW)
         return None if raw is None else _text(raw)
 
     @property
     def key(self):
-        """The idempotency key the producer gave, or None."""
+        """The key the producer gave, or None: the idempotency guards' key unless ``idempotency_id`` is set."""
         raw = _raw(self.raw_fields, b"key")
         return None if raw is None else _text(raw)
 

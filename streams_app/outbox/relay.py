@@ -123,15 +123,14 @@ class Relay:
                            time.monotonic() - self.down_since)
             self.down_since = None
         self.passes += 1
-        busy = sent > 0 and claimed >= self.config["OUTBOX_BATCH"]
         self._unlogged += sent
-        if not busy:
-            self._say_progress(figures)
-        return busy
+        self._say_progress(figures)
+        return sent > 0 and claimed >= self.config["OUTBOX_BATCH"]
 
     def _say_progress(self, figures):
         """One line for the rows relayed since the last one, at most once per sweep interval: a busy
-        site nudges the relay at every commit, and an idle relay has nothing to say."""
+        site nudges the relay at every commit, a large backlog takes many batches, and an idle relay
+        has nothing to say."""
         if self._unlogged and time.monotonic() - self._last_line >= self.config["OUTBOX_SWEEP_INTERVAL"]:
             logger.info("%s: relayed %s to Redis; %s waiting", self.name, counted(self._unlogged, "row"),
                         counted(figures["rows"], "row"))
