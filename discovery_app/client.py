@@ -52,6 +52,7 @@ class _Entry:
     # ``floor - ttl`` (see ServiceRegistry.read_changes).
     floor: float = float("-inf")
     aging: frozenset = frozenset()
+    lifetime: float = float("inf")  # seconds the entry stays fresh (at most the cache TTL): see _window
 
     def last_heartbeat(self, instance):
         if instance.instance_id in self.aging:
@@ -358,7 +359,7 @@ class DiscoveryClient:
             return None
         entry = self._cache.get(service)
         now = self.clock()
-        if (plan.entry is not entry or now - entry.fetched_at >= self.cache_ttl
+        if (plan.entry is not entry or not self._fresh(entry, now)
                 or plan.breakers_version != self.breakers.version or now >= plan.breakers_until
                 or time.time() + entry.clock_offset >= plan.healthy_until):
             return None
@@ -385,7 +386,7 @@ class DiscoveryClient:
         """``resolve()`` for asyncio code: answers on the loop from a fresh cache, and runs a
         registry fetch (a cache miss or expiry) in a worker thread so the loop never waits on Redis."""
         entry = self._cache.get(service)
-        if entry is not None and self.clock() - entry.fetched_at < self.cache_ttl:
+        if entry is not None and self._fresh(entry, self.clock()):
             return self.resolve(service, exclude, **selectors)
         return await asyncio.to_thread(functools.partial(self.resolve, service, exclude, **selectors))
 
@@ -530,7 +531,7 @@ class DiscoveryClient:
         """(entry, stale?, from cache?): cached, fetched, or the old one when the registry fails."""
         now = self.clock()
         entry = self._cache.get(service)
-        if not force and entry is not None and now - entry.fetched_at < self.cache_ttl:
+        if not force and entry is not None and self._fresh(entry, now):
             return entry, False, True
         if now < self._registry_down_until:
             return self._stale(service, entry)
@@ -563,7 +564,8 @@ class DiscoveryClient:
             if entry is not None and entry.position is not None and not entry.preserved:
                 # Only what changed since the last read: at 10,000 instances a full read costs Redis
                 # ~20 ms in one script and this process ~120 ms of decoding, for every change event.
-                changes = self.registry.read_changes(service, entry.position, self._window(entry))
+                window, lifetime = self._window(entry)
+                changes = self.registry.read_changes(service, entry.position, window)
             if changes is None:
                 read = self.registry.read(service)
         except TRANSIENT_ERRORS as exc:
@@ -578,6 +580,7 @@ class DiscoveryClient:
         self._registry_down_until = float("-inf")
         if changes is not None:
             entry = self._apply(entry, changes)
+            entry.lifetime = lifetime
         else:
             entry = self._preserve(service, entry, _Entry(read.instances, self.clock(), read.server_now - time.time(),
                                                           position=read.position), read.server_now)
@@ -591,11 +594,25 @@ class DiscoveryClient:
         self.breakers.forget(known | {f"fallback:{url}" for urls in self.fallbacks.values() for url in urls})
         return entry, False, False
 
+    def _fresh(self, entry, now):
+        return now - entry.fetched_at < min(self.cache_ttl, entry.lifetime)
+
     def _window(self, entry):
-        """How far ahead an incremental read reports deadlines exactly: far enough that an instance
-        outside it stays healthy on the heartbeat bound until the next read (one cache TTL away)."""
-        longest = max((i.ttl for i in entry.instances), default=0.0)
-        return self.cache_ttl + 1.0 + max(0.0, 1.0 - self.healthy_factor) * longest
+        """(window, lifetime): how far ahead an incremental read reports deadlines exactly, and how
+        long the heartbeat bound it gives the other instances keeps them healthy.
+
+        Half the shortest TTL leaves out every instance that heartbeats on time (registrars beat
+        every TTL/3, so their deadline is at least 2/3 of a TTL away) and lists those that missed a
+        beat. An instance outside the window beat no earlier than ``window - ttl`` ago, so it stays
+        healthy for ``window + (HEALTHY_FACTOR - 1) x ttl``: the entry is refreshed by then. Where
+        that is too short (HEALTHY_FACTOR well below 1) the window grows to cover the cache TTL."""
+        ttls = [i.ttl for i in entry.instances if not i.is_fallback] or [0.0]
+        window = 0.5 * min(ttls)
+        lifetime = window + min((self.healthy_factor - 1.0) * ttl for ttl in (min(ttls), max(ttls)))
+        if lifetime < 1.0:
+            window = self.cache_ttl + 1.0 + max(0.0, 1.0 - self.healthy_factor) * max(ttls)
+            lifetime = float("inf")
+        return window, lifetime
 
     def _apply(self, entry, changes):
         by_id = {key_of(i): i for i in entry.instances}
