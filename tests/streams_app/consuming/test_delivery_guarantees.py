@@ -46,6 +46,10 @@ def test_a_live_handler_slower_than_the_pending_timeout_is_neither_taken_over_no
     daemon = run_command("runreclaimer", "--interval", "0.2", streams=SLOW)
     wait_for(lambda: redis.llen("handled:slow:once") == 1 and redis.xpending("slow", "once")["pending"] == 0,
              timeout=60, what="the slow handler finished and acked")
+    # Both latecomers up before they are told to stop (under CI's load a TERM once reached the
+    # reclaimer before Python had started it, and it died of the signal: -15).
+    wait_for(lambda: "started" in second.output() and "Reclaimer: watching" in daemon.output(), timeout=60,
+             what="the second consumer and the reclaimer running")
     assert stop(first, second, daemon) == [0, 0, 0], [p.output() for p in (first, second, daemon)]
     assert redis.lrange("started:slow:once", 0, -1) == [entry]  # ran once, by one consumer
     assert redis.xlen("{slow}:dlq") == 0, redis.xrange("{slow}:dlq")  # and was not also dead-lettered

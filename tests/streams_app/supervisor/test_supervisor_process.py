@@ -277,7 +277,7 @@ def test_a_worker_stuck_in_a_handler_is_killed_when_its_heartbeat_goes_stale(red
     publish(redis, "jobs", [{"sleep": 3600}])
     master = supervise("jobs:a", "--workers", "1", "--threads", "1",
                        "--heartbeat-interval", "0.2", "--heartbeat-timeout", "3")
-    wait_for(lambda: redis.llen("started:jobs:a") == 1, timeout=30, what="the handler stuck")
+    wait_for(lambda: redis.llen("started:jobs:a") == 1, timeout=90, what="the handler stuck")
     [first] = workers(master)
     master.wait_for_output("no heartbeat for", timeout=30)
     wait_for(lambda: workers(master) and first not in workers(master), timeout=30, what="a replacement")
