@@ -35,7 +35,7 @@ from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.groups import ensure_group
-from streams_app.consuming.idempotency import make_guard
+from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.keys import dead_letter_key
 from streams_app.message import Message
 from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
@@ -434,8 +434,7 @@ class GroupLoop:
         except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
             if is_oom(exc):  # the redis guard cannot set its marks at maxmemory: run these later
                 refusals.refused("idempotency", exc)
-                for message in chunk:
-                    self._schedule_retry(message.id, message.deliveries)
+                self._not_run(chunk)
                 return
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
             # A failed delivery like any other, so even an error outside the handler that repeats
@@ -453,6 +452,9 @@ class GroupLoop:
     def on_failure(self, outcome):
         """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
         message = outcome.message
+        if isinstance(outcome.error, DuplicateInFlight):
+            self._not_run([message])  # another consumer runs the same key: this delivery ran nothing
+            return
         poison = outcome.status is Status.POISON
         error, traceback = deadletters.describe(outcome.error, poison=poison)
         if poison or message.deliveries >= self.max_deliveries:
@@ -460,6 +462,26 @@ class GroupLoop:
         else:
             self.errors.append((message.id, error, traceback))
             self._schedule_retry(message.id, message.deliveries)
+
+    def _not_run(self, messages):
+        """Deliveries on which no handler ran (the guard's marks refused at maxmemory, or the key busy
+        elsewhere): take their count back and retry them after the back-off of the deliveries that ran.
+
+        Without this, each retry during a maxmemory episode counted as a delivery: entries that never
+        ran reached max_deliveries and were dead-lettered ("killed or stuck"), by this loop or by the
+        reclaim daemon, and their back-off grew as if they kept failing.
+        """
+        args = [self.group, self.consumer]
+        for message in messages:
+            ran = max(0, message.deliveries - 1)
+            args += [message.id, ran]
+            self._schedule_retry(message.id, ran)
+        try:
+            scripts.run(self.conn, "undeliver", [self.stream], args)
+        except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
+            # The retry is scheduled all the same; the count stays one too high for this delivery.
+            logger.warning("Consumer %s: could not take back the delivery count of %d entries of %s/%s that did "
+                           "not run: %s", self.consumer, len(messages), self.stream, self.group, exc)
 
     def _schedule_retry(self, entry_id, deliveries):
         due = self.clock() + backoff_seconds(deliveries, self.retry_base, self.retry_cap)

@@ -63,6 +63,11 @@ def idempotent_in_redis(message):
     behave(message)
 
 
+@consumer("idemonce", group="r", idempotent="redis", max_deliveries=1, retry_backoff=(0.05, 5))
+def idempotent_in_redis_once(message):
+    behave(message)
+
+
 @consumer("dbjobs", group="d", idempotent="db")
 def idempotent_in_db(message):
     """Writes an Effect row; ``die_after_commit`` SIGKILLs the worker after the commit, before the ack."""

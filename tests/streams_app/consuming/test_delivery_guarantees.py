@@ -6,6 +6,7 @@ handler end (tests/testapp/consumers.py), so a second run of any entry shows as 
 """
 import json
 import signal
+import time
 from collections import Counter
 
 import pytest
@@ -152,6 +153,34 @@ def test_at_maxmemory_a_consumer_keeps_reading_and_acking_and_says_so_once(redis
     client.config_set("maxmemory", "0")
     wait_for(lambda: "Redis accepts writes again" in worker.output(), timeout=30, what="the recovery line")
     assert stop(worker) == [0], worker.output()
+
+
+def test_at_maxmemory_redis_guarded_entries_that_never_ran_are_not_counted_or_dead_lettered(redis_factory, run_consumer):
+    """idempotent="redis", max_deliveries=1, 1 s pending timeout, a reclaim daemon polling every 0.2 s:
+    the guard's SET is refused, so no handler runs. Before the fix every retry counted as a delivery
+    (times_delivered climbing, the back-off growing past the pending timeout) and the daemon
+    dead-lettered the entries that never ran ("killed or stuck") as soon as Redis had room."""
+    server = redis_factory()
+    client = server.client()
+    ids = [client.xadd("idemonce", {"payload": json.dumps({"n": n}), "key": f"k{n}"}) for n in range(10)]
+    client.xgroup_create("idemonce", "r", id="0")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    streams = {"PENDING_TIMEOUT_MS": 1000, "CLAIM_INTERVAL_MS": 100, "RECLAIM_INTERVAL": 0.2, "CONSUMER_TTL": 1}
+    worker = run_consumer("idemonce:r", server=server, streams=streams)
+    daemon = run_consumer("--interval", "0.2", server=server, streams=streams, command="runreclaimer")
+    wait_for(lambda: "Redis is at maxmemory" in worker.output(), timeout=60, what="the guard's marks refused")
+    deadline = time.monotonic() + 6  # several pending timeouts: ~7 doublings of a 0.05 s back-off before the fix
+    while time.monotonic() < deadline:
+        rows = client.xpending_range("idemonce", "r", "-", "+", 100)
+        assert len(rows) == len(ids) and all(r["times_delivered"] <= 1 for r in rows), rows
+        time.sleep(0.2)
+    assert client.llen("started:idemonce:r") == 0  # nothing ran: Redis refused the marks
+    client.config_set("maxmemory", "0")
+    wait_for(lambda: client.xpending("idemonce", "r")["pending"] == 0, timeout=60, what="every entry run and acked")
+    assert stop(worker, daemon) == [0, 0], [p.output() for p in (worker, daemon)]
+    assert client.xlen("{idemonce}:dlq") == 0, client.xrange("{idemonce}:dlq")
+    assert sorted(client.lrange("handled:idemonce:r", 0, -1)) == sorted(ids)  # each once
 
 
 # -- 5. replay to a group that no longer exists --------------------------------------------------------

@@ -279,6 +279,22 @@ def test_redis_guard_still_refuses_a_different_entry_with_a_key_in_flight(redis,
     assert any(entry == entry_id for _, entry_id, _ in loop.retries)
 
 
+def test_a_key_in_flight_elsewhere_does_not_use_up_max_deliveries(redis, make_loop):
+    # max_deliveries=1: the delivery refused because another consumer runs the same key never ran
+    # the handler. Before the fix it counted, and the entry was dead-lettered at once.
+    entry = publish("idemonce", {"n": 1}, key="order-12")
+    mark = "{idemonce}:idem:r:order-12"
+    redis.set(mark, "running:other-consumer:1-1", px=60_000)
+    loop = make_loop("idemonce:r", threads=1)
+    run_until(loop, lambda: len(loop.retries) == 1)
+    assert not redis.exists("{idemonce}:dlq") and loop.to_dead_letter == []
+    [row] = redis.xpending_range("idemonce", "r", "-", "+", 10)
+    assert row["message_id"] == entry and row["times_delivered"] == 0  # that delivery is not counted
+    redis.set(mark, "done")  # the other consumer finished the key
+    run_until(loop, lambda: redis.xpending("idemonce", "r")["pending"] == 0 and settled(loop))
+    assert not redis.exists("{idemonce}:dlq") and redis.llen("started:idemonce:r") == 0  # a duplicate, acked unrun
+
+
 def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
     redis.xgroup_create("jobs", "a", id="$", mkstream=True)
     for n in range(250):  # two pages of REPLAY_BATCH
