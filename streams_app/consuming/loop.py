@@ -36,6 +36,7 @@ from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
+from streams_app.entry_ids import id_key
 from streams_app.keys import dead_letter_key
 from streams_app.message import Message
 from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
@@ -56,6 +57,9 @@ DEAD_CONSUMERS_PER_PASS = 10
 KEEP_ALIVE_FRACTION = 4
 # Entries per keep-alive script run: keeps one run short, so it does not stall other clients.
 KEEP_ALIVE_BATCH = 500
+# A group recreated on a stream that still holds entries is not read for this many keep-alive periods
+# plus blocks (and a second): the time every live consumer needs to find it gone and move it forward.
+LOST_GROUP_SETTLE = 1
 # How long dead-letter moves Redis refused (maxmemory) wait before they are tried again.
 REFUSED_RETRY_SECONDS = 1.0
 
@@ -101,7 +105,10 @@ class GroupLoop:
             self.max_chunk = max(1, -(-self.batch // threads))
         self.keep_alive_every = self.pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION
         self.next_keep_alive = 0.0
-        self.last_read_id = None  # where to recreate a group lost while consuming (see _group_lost)
+        self.last_read_id = None  # where to recreate a group lost while consuming (see _recreate)
+        self.lost = False  # the group vanished while consuming: recreate it with _recreate, not at start
+        self.read_after = 0.0  # a recreated group is not read before then (see _recreate)
+        self.settle_seconds = LOST_GROUP_SETTLE * (self.keep_alive_every + self.block_ms / 1000) + 1.0
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
@@ -163,35 +170,64 @@ class GroupLoop:
 
     def _group_lost(self, exc):
         """The group vanished under the loop: FLUSHALL/FLUSHDB, DEL of the stream, XGROUP DESTROY, or a
-        Redis restart without persistence. Recreate it, as for a first start.
+        Redis restart without persistence. Recreate it where it stood (see ``_recreate``).
 
-        Where: after the last entry this loop read, if it read any. A group destroyed on a stream that
-        still holds its entries would otherwise be recreated at ``start`` ("0"): the whole stream
-        handled again and its poison dead-lettered a second time. After a flush the old ids are gone
-        and new entries get later ids, so nothing published since is skipped. Entries that were
-        pending in the lost group are no longer tracked: their takeover and dead-lettering went with it.
+        A group destroyed on a stream that still holds its entries would otherwise be recreated at
+        ``start`` ("0"): the whole stream handled again and its poison dead-lettered a second time.
+        Entries that were pending in the lost group are no longer tracked: their takeover and
+        dead-lettering went with it.
         """
         self.ready = False
+        self.lost = True
         if self.last_read_id is None:
             logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it from %s",
                            self.consumer, self.group, self.stream, exc, self.spec.start)
             return
         logger.error("Consumer %s: group %s on %s vanished while consuming (%s): flushed, deleted or XGROUP "
-                     "DESTROYed. Recreating it after the last entry this consumer read (%s), so nothing is "
-                     "handled twice; entries that were pending in the lost group are no longer tracked.",
+                     "DESTROYed. Recreating it where it stood (the last entry this or any other live consumer "
+                     "of it read; this one read up to %s), so nothing is handled twice; entries that were "
+                     "pending in the lost group are no longer tracked.",
                      self.consumer, self.group, self.stream, exc, self.last_read_id)
+
+    def _recreate(self, now):
+        """Recreate the lost group, or move it forward to the last entry this consumer read.
+
+        Each consumer knows only what it read itself; the group stood at the largest of those ids
+        (whoever read last read the largest). So every consumer that finds the group gone runs one
+        script that creates it at its own last read id, or moves it forward to that id if another
+        created it further back. When the stream still holds entries this consumer may have read
+        (XGROUP DESTROY; after a flush or a restart without persistence only newer ids are left), no
+        consumer reads for LOST_GROUP_SETTLE keep-alive periods and blocks: every live consumer of the
+        group finds it gone within that time (an idle one at once: Redis unblocks its read; a busy one
+        at its next keep-alive) and has moved it forward.
+        """
+        start = self.last_read_id or self.spec.start
+        what, first = scripts.run(self.conn, "recreate_group", [self.stream], [self.group, start])
+        what, first = _str(what), _str(first)
+        settle = bool(first) and (self.last_read_id is None or id_key(first) <= id_key(self.last_read_id))
+        if settle:
+            self.read_after = now + self.settle_seconds
+        logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream,
+                       {"created": "recreated", "advanced": "moved forward", "kept": "already recreated; kept"}[what],
+                       start, f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has "
+                       "moved it to what it read" if settle else "")
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
         if not self.ready:
-            start = self.last_read_id or self.spec.start
-            if ensure_group(self.conn, self.stream, self.group, start):
-                logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream, start)
+            if self.lost:
+                self._recreate(now)
+            elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
+                logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream,
+                            self.spec.start)
             self.ready = True
         self.collect()
         self.flush_acks()
         self.flush_failures()
         self.keep_alive(now)
+        if now < self.read_after:  # a lost group settling (see _recreate): finish and ack, read nothing
+            self.collect(timeout=min(0.2, self.read_after - now))
+            return
         free = self.slots - self.busy_chunks
         room = self._time_room()
         if self.busy_chunks and (free < max(1, self.slots // 2) or room < 1):

@@ -121,6 +121,37 @@ def test_xgroup_destroy_while_consuming_recreates_the_group_after_what_was_read(
     assert "XGROUP DESTROY" in worker.output()
 
 
+def test_xgroup_destroy_under_several_live_consumers_runs_nothing_twice_and_skips_nothing(redis, run_command):
+    """Three consumers, entries handed out one at a time so their last reads differ, the group destroyed
+    three times (and an entry published while it is gone). Before the fix each consumer recreated the
+    group at its own last read and the first one set the position: entries another consumer had
+    already handled were delivered and run again (unless the first happened to have read last)."""
+    streams = {"BLOCK_MS": 500, "PENDING_TIMEOUT_MS": 2000, "CLAIM_INTERVAL_MS": 200}
+    workers = [run_command("runconsumer", "jobs:a", "--threads", "1", streams=streams) for _ in range(3)]
+    published = []
+
+    def publish_one(n):
+        published.append(redis.xadd("jobs", {"payload": json.dumps({"n": n})}))
+
+    wait_for(lambda: sum(c.get("cmd") == "xreadgroup" for c in redis.client_list()) == 3, timeout=60,
+             what="three consumers blocked in XREADGROUP")
+    for destroyed in range(1, 4):
+        for n in range(12):
+            publish_one(n)
+            wait_for(lambda: published[-1] in redis.lrange("handled:jobs:a", 0, -1), timeout=30, what="entry handled")
+        wait_for(lambda: redis.xpending("jobs", "a")["pending"] == 0, timeout=30, what="everything acked")
+        redis.xgroup_destroy("jobs", "a")
+        publish_one(-1)  # never delivered to the old group: must not be skipped
+        wait_for(lambda n=destroyed: all(w.output().count("vanished while consuming") >= n for w in workers), timeout=60,
+                 what="every consumer saw the group go")
+    publish_one(99)
+    wait_for(lambda: set(published) <= set(redis.lrange("handled:jobs:a", 0, -1)), timeout=90,
+             what="every entry handled, those published while the group was gone included")
+    assert stop(*workers) == [0, 0, 0], [w.output() for w in workers]
+    assert duplicates(redis, "started", "jobs", "a") == {}
+    assert sorted(redis.lrange("started:jobs:a", 0, -1)) == sorted(published)
+
+
 # -- 4. Redis at maxmemory ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pool", [[], ["--workers", "2"]], ids=["single", "supervised"])
