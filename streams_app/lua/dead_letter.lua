@@ -12,7 +12,13 @@
 -- ('shoal:...'), so an original field named 'group' or 'error' is never lost. An entry with more
 -- fields than one Lua call can take (unpack is bounded by the C stack, about 8,000 values) keeps
 -- them as one value, 'shoal:fields', a netstring list (<len>:<bytes>, per name and value).
+-- Original fields under the names of that metadata (written by a producer outside Shoal, which
+-- breaks the reserved prefix) are left out: with two 'shoal:group' fields, readers would take the
+-- producer's, and the dead letter could be neither listed under its group nor replayed.
 local stream, dlq = KEYS[1], KEYS[2]
+local metadata = {['shoal:origin_stream'] = true, ['shoal:origin_id'] = true, ['shoal:group'] = true,
+                  ['shoal:consumer'] = true, ['shoal:deliveries'] = true, ['shoal:error'] = true,
+                  ['shoal:traceback'] = true, ['shoal:failed_at'] = true, ['shoal:fields'] = true}
 local group, failed_at = ARGV[1], ARGV[2]
 local MAX_INLINE = 7000  -- values (names and values) kept as fields of their own
 local result = {}
@@ -42,10 +48,19 @@ for i = 1, count do
                       'shoal:traceback', tb, 'shoal:failed_at', failed_at}
       local raw = entry[1][2]
       if #raw <= MAX_INLINE then
-        for j = 1, #raw do fields[#fields + 1] = raw[j] end
+        for j = 1, #raw, 2 do
+          if not metadata[raw[j]] then
+            fields[#fields + 1] = raw[j]
+            fields[#fields + 1] = raw[j + 1]
+          end
+        end
       else
         local parts = {}
-        for j = 1, #raw do parts[j] = #raw[j] .. ':' .. raw[j] end
+        for j = 1, #raw, 2 do
+          if not metadata[raw[j]] then
+            parts[#parts + 1] = #raw[j] .. ':' .. raw[j] .. #raw[j + 1] .. ':' .. raw[j + 1]
+          end
+        end
         fields[#fields + 1] = 'shoal:fields'
         fields[#fields + 1] = table.concat(parts)
       end

@@ -295,6 +295,22 @@ def test_a_key_in_flight_elsewhere_does_not_use_up_max_deliveries(redis, make_lo
     assert not redis.exists("{idemonce}:dlq") and redis.llen("started:idemonce:r") == 0  # a duplicate, acked unrun
 
 
+def test_a_foreign_entry_with_shoal_metadata_fields_is_dead_lettered_replayable(redis, make_loop):
+    # A producer outside Shoal wrote fields under Shoal's dead-letter names. Before the fix the dead
+    # letter held two shoal:group fields, the producer's read last, and replay skipped it ("other-group").
+    entry = redis.xadd("jobs", {"payload": "not json", "color": "red", "shoal:group": "elsewhere",
+                                "shoal:origin_id": "1-1", "shoal:error": "mine", "shoal:fields": "3:abc"})
+    loop = make_loop("jobs:a", threads=1)
+    run_until(loop, lambda: redis.xlen("{jobs}:dlq") == 1 and settled(loop))
+    [letter] = dead_letters("jobs")
+    assert (letter.group, letter.origin_id) == ("a", entry) and letter.error.startswith("decode")
+    assert letter.original_fields == {"payload": "not json", "color": "red"}
+    result = replay("jobs", "a", all=True)
+    assert [old for old, _ in result.replayed] == [letter.id] and result.skipped == {}
+    [(_, fields)] = redis.xrange("jobs", min="(" + entry)
+    assert fields == {"payload": "not json", "color": "red", "shoal:target_group": "a", "shoal:replay_of": entry}
+
+
 def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
     redis.xgroup_create("jobs", "a", id="$", mkstream=True)
     for n in range(250):  # two pages of REPLAY_BATCH
