@@ -45,6 +45,8 @@ def test_a_live_handler_slower_than_the_pending_timeout_is_neither_taken_over_no
     wait_for(lambda: redis.llen("started:slow:once") == 1, timeout=60, what="the handler started")
     second = run_command("runconsumer", "slow:once", "--threads", "1", streams=SLOW)
     daemon = run_command("runreclaimer", "--interval", "0.2", streams=SLOW)
+    # Under load the daemon may start after the handler ended (and get TERM before its handler is set).
+    wait_for(lambda: "Reclaimer: watching" in daemon.output(), timeout=60, what="the reclaim daemon polling")
     wait_for(lambda: redis.llen("handled:slow:once") == 1 and redis.xpending("slow", "once")["pending"] == 0,
              timeout=60, what="the slow handler finished and acked")
     # Both latecomers up before they are told to stop (under CI's load a TERM once reached the
@@ -201,10 +203,13 @@ def test_at_maxmemory_redis_guarded_entries_that_never_ran_are_not_counted_or_de
     worker = run_consumer("idemonce:r", server=server, streams=streams)
     daemon = run_consumer("--interval", "0.2", server=server, streams=streams, command="runreclaimer")
     wait_for(lambda: "Redis is at maxmemory" in worker.output(), timeout=60, what="the guard's marks refused")
+    wait_for(lambda: "Reclaimer: watching" in daemon.output(), timeout=60, what="the reclaim daemon polling")
+    wait_for(lambda: len(client.xpending_range("idemonce", "r", "-", "+", 100)) == len(ids), timeout=60,
+             what="every entry delivered")
     deadline = time.monotonic() + 6  # several pending timeouts: ~7 doublings of a 0.05 s back-off before the fix
     while time.monotonic() < deadline:
         rows = client.xpending_range("idemonce", "r", "-", "+", 100)
-        assert len(rows) == len(ids) and all(r["times_delivered"] <= 1 for r in rows), rows
+        assert len(rows) == len(ids) and all(r["times_delivered"] <= 1 for r in rows), rows  # none ran, none counted
         time.sleep(0.2)
     assert client.llen("started:idemonce:r") == 0  # nothing ran: Redis refused the marks
     client.config_set("maxmemory", "0")
