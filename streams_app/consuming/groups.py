@@ -3,7 +3,8 @@ import redis
 
 from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
 from shoal_common.text import to_text
-from streams_app import keys
+from streams_app import keys, scripts
+from streams_app.entry_ids import id_key
 from streams_app.exceptions import StreamTypeError
 
 
@@ -40,6 +41,27 @@ def ensure_group(conn, stream, group, start="0"):
             f"{group!r} could not dead-letter its failures. Shoal has left the key as it is: remove or rename it yourself."
         )
     return True
+
+
+LOST_GROUP_OUTCOMES = {"created": "recreated", "advanced": "moved forward", "kept": "already recreated; kept"}
+
+
+def recreate_lost_group(conn, stream, group, last_read_id, start):
+    """Recreate a group lost under running consumers where it stood; return (what was done, settle).
+
+    Each consumer knows only what it read itself; the group stood at the largest of those ids
+    (XREADGROUP > hands entries out in id order, so whoever read last read the largest). Every
+    consumer that finds the group gone runs one script (lua/recreate_group.lua) that creates it
+    at its own last read id (``start`` if it read nothing), or moves it forward to that id if
+    another consumer created it further back. ``settle`` is True when the stream still holds
+    entries this consumer may have read (XGROUP DESTROY; after a flush or a restart without
+    persistence only newer ids are left): the caller then must not read until every live
+    consumer has had time to move the group forward.
+    """
+    what, first = scripts.run(conn, "recreate_group", [stream], [group, last_read_id or start])
+    first = to_text(first)
+    settle = bool(first) and (last_read_id is None or id_key(first) <= id_key(last_read_id))
+    return LOST_GROUP_OUTCOMES[to_text(what)], settle
 
 
 def group_exists(conn, stream, group):

@@ -34,9 +34,8 @@ from streams_app.connection import TRANSIENT_ERRORS, node_client, recover, slot_
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
-from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.groups import ensure_group, recreate_lost_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
-from streams_app.entry_ids import id_key
 from streams_app.keys import dead_letter_key
 from streams_app.message import Message
 from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
@@ -190,27 +189,17 @@ class GroupLoop:
                      self.consumer, self.group, self.stream, exc, self.last_read_id)
 
     def _recreate(self, now):
-        """Recreate the lost group, or move it forward to the last entry this consumer read.
-
-        Each consumer knows only what it read itself; the group stood at the largest of those ids
-        (whoever read last read the largest). So every consumer that finds the group gone runs one
-        script that creates it at its own last read id, or moves it forward to that id if another
-        created it further back. When the stream still holds entries this consumer may have read
-        (XGROUP DESTROY; after a flush or a restart without persistence only newer ids are left), no
-        consumer reads for LOST_GROUP_SETTLE keep-alive periods and blocks: every live consumer of the
-        group finds it gone within that time (an idle one at once: Redis unblocks its read; a busy one
-        at its next keep-alive) and has moved it forward.
-        """
+        """Recreate the lost group where it stood (groups.recreate_lost_group); when the stream still
+        holds entries this consumer may have read, read nothing for ``settle_seconds``: every live
+        consumer of the group finds it gone within that time (an idle one at once: Redis unblocks its
+        read; a busy one at its next keep-alive) and moves it forward to what it read."""
         start = self.last_read_id or self.spec.start
-        what, first = scripts.run(self.conn, "recreate_group", [self.stream], [self.group, start])
-        what, first = _str(what), _str(first)
-        settle = bool(first) and (self.last_read_id is None or id_key(first) <= id_key(self.last_read_id))
+        what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start)
         if settle:
             self.read_after = now + self.settle_seconds
-        logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream,
-                       {"created": "recreated", "advanced": "moved forward", "kept": "already recreated; kept"}[what],
-                       start, f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has "
-                       "moved it to what it read" if settle else "")
+        logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream, what, start,
+                       f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
+                       "to what it read" if settle else "")
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
