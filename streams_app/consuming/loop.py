@@ -173,8 +173,8 @@ class GroupLoop:
 
         A group destroyed on a stream that still holds its entries would otherwise be recreated at
         ``start`` ("0"): the whole stream handled again and its poison dead-lettered a second time.
-        Entries that were pending in the lost group are no longer tracked: their takeover and
-        dead-lettering went with it.
+        What this consumer held is made pending again (``_hold_again``); entries that were pending
+        with a consumer that died are no longer tracked.
         """
         self.ready = False
         self.lost = True
@@ -184,8 +184,8 @@ class GroupLoop:
             return
         logger.error("Consumer %s: group %s on %s vanished while consuming (%s): flushed, deleted or XGROUP "
                      "DESTROYed. Recreating it where it stood (the last entry this or any other live consumer "
-                     "of it read; this one read up to %s), so nothing is handled twice; entries that were "
-                     "pending in the lost group are no longer tracked.",
+                     "of it read; this one read up to %s), so nothing is handled twice; what it holds stays "
+                     "pending, entries that were pending with consumers that died are no longer tracked.",
                      self.consumer, self.group, self.stream, exc, self.last_read_id)
 
     def _recreate(self, now):
@@ -197,9 +197,30 @@ class GroupLoop:
         what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start)
         if settle:
             self.read_after = now + self.settle_seconds
+        self._hold_again()
         logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream, what, start,
                        f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
                        "to what it read" if settle else "")
+
+    def _hold_again(self):
+        """Put what this consumer holds back into the recreated group's pending list (XCLAIM … FORCE,
+        with its delivery count): entries running or queued here, failed ones waiting for their retry,
+        dead-letter moves not yet made. Their acks, retries, moves and (if this process dies) takeover
+        then work as before; only entries held by consumers that died meanwhile stay untracked.
+        Entries no longer in the stream (a flush) are skipped by Redis."""
+        held = {m.id: (m.deliveries, 0) for chunk in list(self.chunks.values()) for m in chunk}
+        held.update((entry_id, (deliveries, int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000)))
+                    for _, entry_id, deliveries in self.retries)  # idle as if failed a back-off ago: due as planned
+        held.update((entry_id, (self.max_deliveries, 0)) for entry_id, _, _ in self.to_dead_letter)
+        if not held:
+            return
+        pipe = self.conn.pipeline(transaction=False)
+        for entry_id, (deliveries, idle) in held.items():
+            pipe.xclaim(self.stream, self.group, self.consumer, 0, [entry_id], idle=idle, retrycount=deliveries,
+                        force=True, justid=True)
+        pipe.execute()
+        logger.warning("Consumer %s: %d entries it held are pending again in %s/%s", self.consumer, len(held),
+                       self.stream, self.group)
 
     def tick(self, now=None):
         now = self.clock() if now is None else now

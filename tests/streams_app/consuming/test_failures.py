@@ -1,5 +1,6 @@
 """Retries with back-off, dead letters, takeover back-off, idempotency and replay, in this process."""
 import json
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -309,6 +310,23 @@ def test_a_foreign_entry_with_shoal_metadata_fields_is_dead_lettered_replayable(
     assert [old for old, _ in result.replayed] == [letter.id] and result.skipped == {}
     [(_, fields)] = redis.xrange("jobs", min="(" + entry)
     assert fields == {"payload": "not json", "color": "red", "shoal:target_group": "a", "shoal:replay_of": entry}
+
+
+def test_a_failed_entry_waiting_for_its_retry_survives_an_xgroup_destroy(redis, make_loop):
+    # Before the fix the recreated group no longer had it pending: the retry's XCLAIM found nothing,
+    # and the entry was neither retried nor dead-lettered.
+    FAILING_CALLS.clear()
+    entry = publish("failing", {"n": 1})
+    loop = make_loop("failing:g", PENDING_TIMEOUT_MS=400, CLAIM_INTERVAL_MS=50)
+    run_until(loop, lambda: loop.retries)  # failed once, waiting for its retry
+    redis.xgroup_destroy("failing", "g")
+    deadline = time.monotonic() + 30
+    while not (redis.xlen("{failing}:dlq") == 1 and settled(loop)):
+        assert time.monotonic() < deadline, (FAILING_CALLS, redis.xinfo_groups("failing"))
+        loop.step()  # one pass that recreates a lost group, as run() does
+    [(_, fields)] = redis.xrange("{failing}:dlq")
+    assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "4"
+    assert [call[1] for call in FAILING_CALLS if call[0] == entry] == [1, 2, 3, 4]
 
 
 def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
