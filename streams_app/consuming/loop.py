@@ -393,8 +393,15 @@ class GroupLoop:
         for entry_id, deliveries in due:
             min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
             pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
+        try:
+            replies = pipe.execute()
+        except BaseException:
+            # Still due (a lost connection, or a lost group that _hold_again makes pending again).
+            for entry_id, deliveries in due:
+                heapq.heappush(self.retries, (now, entry_id, deliveries))
+            raise
         entries = []
-        for (_, deliveries), claimed in zip(due, pipe.execute()):
+        for (_, deliveries), claimed in zip(due, replies):
             # Deleted from the stream: Redis drops it from the PEL and returns nothing.
             entries.extend((_str(i), f, deliveries + 1) for i, f in claimed if f)
         return entries

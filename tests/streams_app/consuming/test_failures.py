@@ -14,6 +14,7 @@ from streams_app.deadletters.replay import replay
 from streams_app.consuming.retry import backoff_seconds
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401
 from tests.testapp.consumers import FAILING_CALLS
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.both_redis
 
@@ -319,6 +320,8 @@ def test_a_failed_entry_waiting_for_its_retry_survives_an_xgroup_destroy(redis, 
     entry = publish("failing", {"n": 1})
     loop = make_loop("failing:g", PENDING_TIMEOUT_MS=400, CLAIM_INTERVAL_MS=50)
     run_until(loop, lambda: loop.retries)  # failed once, waiting for its retry
+    # Due before the loop finds the group gone: its retry's XCLAIM is what gets NOGROUP.
+    wait_for(lambda: loop.clock() >= loop.retries[0][0], timeout=10, what="the retry due")
     redis.xgroup_destroy("failing", "g")
     deadline = time.monotonic() + 30
     while not (redis.xlen("{failing}:dlq") == 1 and settled(loop)):
