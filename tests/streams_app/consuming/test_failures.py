@@ -58,18 +58,19 @@ def test_failure_records_last_error_with_a_ttl(redis, make_loop):
 
 
 def test_takeover_waits_for_the_backoff_of_an_abandoned_entry(redis, make_loop):
-    """An entry that died on its 2nd delivery is claimed only after max(pending timeout, 2 s)."""
+    """An entry that died on its 2nd delivery is claimed only after max(pending timeout, 20 s)."""
     entry = publish("jobs", {"n": 1})
     redis.xgroup_create("jobs", "a", id="0")
     redis.xreadgroup("a", "ghost", {"jobs": ">"})
     redis.xclaim("jobs", "a", "ghost", 0, [entry], idle=1500, retrycount=2)
-    loop = make_loop(PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=1.0)
+    # A back-off far from the entry's idle time: the ticks below may take seconds on a loaded machine.
+    loop = make_loop(PENDING_TIMEOUT_MS=100, CLAIM_INTERVAL_MS=10, RETRY_BACKOFF=10.0)
     for _ in range(5):
         loop.tick(now=loop.next_claim + 1)  # every tick is a claim pass
     assert redis.llen("started:jobs:a") == 0  # idle 1.5 s: past the pending timeout, not the back-off
     [row] = redis.xpending_range("jobs", "a", "-", "+", 10)
     assert row["consumer"] == "ghost" and row["times_delivered"] == 2
-    redis.xclaim("jobs", "a", "ghost", 0, [entry], idle=2100, retrycount=2)
+    redis.xclaim("jobs", "a", "ghost", 0, [entry], idle=20_100, retrycount=2)
     run_until(loop, lambda: redis.llen("handled:jobs:a") == 1 and settled(loop))
     assert redis.xpending("jobs", "a")["pending"] == 0
 
