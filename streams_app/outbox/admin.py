@@ -1,8 +1,10 @@
 """The outbox in the control room: what waits, what keeps failing and why; retry now, or delete a row for good."""
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE
 from django.http import Http404
 from django.utils.text import Truncator
 
+from shoal_common.admin import confirmation, log_actions
 from shoal_common.text import counted
 from streams_app.outbox import cleanup
 from streams_app.outbox.models import OutboxMessage
@@ -68,7 +70,24 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry the selected waiting rows at the next relay pass", permissions=["retry"])
     def retry_now(self, request, queryset):
-        count = queryset.filter(relayed_at__isnull=True).update(next_attempt_at=None)
+        waiting = list(queryset.filter(relayed_at__isnull=True).order_by("id"))
+        if not request.POST.get("post"):
+            return confirmation(
+                request, self, title="Retry outbox rows now", action="retry_now",
+                items=[f"#{row.pk} {row.stream} key={row.key or '-'}: {row.attempts} attempts"
+                       + (f", last error: {Truncator(row.last_error).chars(80)}" if row.last_error else "")
+                       for row in waiting],
+                ids=[row.pk for row in queryset],
+                warning="Their back-off is cleared: the relay sends them at its next pass (rows already relayed "
+                        "are left alone).",
+            )
+        count = OutboxMessage.objects.filter(pk__in=[row.pk for row in waiting], relayed_at__isnull=True) \
+            .update(next_attempt_at=None)
+        log_actions(request, OutboxMessage, [
+            (row.pk, f"outbox #{row.pk}", f"Retry now: back-off cleared after {row.attempts} attempts "
+                                          f"({Truncator(row.last_error).chars(150) or 'no error'})")
+            for row in waiting
+        ], CHANGE)
         self.message_user(request, f"{counted(count, 'waiting row')} {'is' if count == 1 else 'are'} due at the "
                                    "relay's next pass.", messages.SUCCESS)
 

@@ -66,6 +66,7 @@ class Relay:
         self.passes = 0
         self.down_since = None
         self._standing_by = False
+        self._once = False
         self._last_cleanup = 0.0
         self._unlogged = 0  # rows relayed since the last progress line
         self._last_line = 0.0
@@ -79,6 +80,7 @@ class Relay:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self, once=False):
+        self._once = once
         try:
             while not self.stop.is_set():
                 busy = self.tick()
@@ -96,8 +98,10 @@ class Relay:
             if not self._standing_by:
                 self._standing_by = True
                 logger.warning("%s: another relay holds %s; on SQLite one relay runs at a time (PostgreSQL lets "
-                               "several share the work). This one stands by and takes over if that one stops.",
-                               self.name, self.guard.description)
+                               "several share the work). %s", self.name, self.guard.description,
+                               "With --once this one relays nothing and exits: that relay sends what waits."
+                               if self._once else
+                               "This one stands by and takes over if that one stops.")
             return False
         if self._standing_by:
             self._standing_by = False
@@ -118,7 +122,9 @@ class Relay:
             # A broken connection (database restarted) is replaced at the next pass, not reused forever.
             connections[self.using].close_if_unusable_or_obsolete()
             return False
-        if self.down_since is not None:
+        # Only a pass that sent rows has heard from Redis: one that found nothing to claim (another relay
+        # holds the rows, none is due) proves nothing, and saying "reachable again" then misleads.
+        if self.down_since is not None and claimed:
             logger.warning("%s: Redis reachable again after %.0fs; relaying the backlog", self.name,
                            time.monotonic() - self.down_since)
             self.down_since = None

@@ -6,6 +6,7 @@ transaction would never run. The multi-process behaviour (kills, outages, Postgr
 test_outbox_processes.py.
 """
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -175,6 +176,19 @@ def test_the_relay_says_what_it_relayed_and_nothing_when_idle(redis, relay, capl
     # At most one line per sweep interval however often commits nudge it; the next pass after it says the rest.
     wait_for(lambda: one.tick() is False and len(lines()) == 2, timeout=30, what="the second progress line")
     assert lines()[1] == "Relay: relayed 2 rows to Redis; 0 rows waiting"
+
+
+def test_only_a_pass_that_sent_rows_says_redis_is_reachable_again(redis, relay, caplog):
+    # A pass with nothing to claim never talked to Redis: during an outage it must not announce the end.
+    caplog.set_level("INFO", logger="streams_app.outbox")
+    again = lambda: [r for r in caplog.records if "reachable again" in r.getMessage()]  # noqa: E731
+    one = relay()
+    one.down_since = time.monotonic() - 5  # as after a failed pass
+    one.tick()
+    assert again() == [] and one.down_since is not None
+    publish("orders", {"n": 0}, outbox=True)
+    one.tick()
+    assert len(again()) == 1 and one.down_since is None
 
 
 def test_a_refused_row_is_retried_later_holds_back_its_key_and_says_why(redis, relay):

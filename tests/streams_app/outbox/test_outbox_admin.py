@@ -2,6 +2,7 @@
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.utils import timezone
 
 from streams_app import publish
@@ -48,7 +49,15 @@ def test_the_changelist_says_why_rows_fail_and_retry_needs_its_permission(staff_
 
     client = staff_client("streams_app.view_outboxmessage", "streams_app.retry_outboxmessage")
     row = OutboxMessage.objects.get(key="bad")
-    response = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)]}, follow=True)
+    # A confirmation first (nothing changed yet), then the change, with an audit entry.
+    confirm = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)], "index": "0"})
+    assert b"Are you sure?" in confirm.content and b"holds another type" in confirm.content
+    row.refresh_from_db()
+    assert row.next_attempt_at is not None and not LogEntry.objects.exists()
+    response = client.post(CHANGELIST, {"action": "retry_now", "_selected_action": [str(row.pk)], "post": "yes"},
+                           follow=True)
     assert "1 waiting row is due at the relay&#x27;s next pass." in response.content.decode()
     row.refresh_from_db()
     assert row.next_attempt_at is None and row.attempts == 3  # due now; its history stays
+    log = LogEntry.objects.get()
+    assert log.action_flag == CHANGE and log.object_id == str(row.pk) and "3 attempts" in log.change_message
