@@ -62,6 +62,13 @@ def check_discovery_settings(app_configs=None, **kwargs):
                 f"DISCOVERY['HEARTBEAT_INTERVAL'] ({interval} s) is above half the TTL ({ttl} s): "
                 "one late heartbeat expires the instance.",
                 hint="Heartbeat at a third of the TTL.", id="discovery_app.W001"))
+        factor = merged["HEALTHY_FACTOR"]
+        if _is_number(factor) and 0 < factor * ttl <= interval:
+            errors.append(Warning(
+                f"DISCOVERY['HEALTHY_FACTOR'] x TTL ({factor} x {ttl} s) is not above HEARTBEAT_INTERVAL "
+                f"({interval} s): instances count as unhealthy between two on-time heartbeats, and calls fail.",
+                hint="Keep HEALTHY_FACTOR x TTL above the heartbeat interval (the defaults: 1.5 x 30 s vs 10 s).",
+                id="discovery_app.W002"))
     if merged["ZONE"] is not None and not isinstance(merged["ZONE"], str):
         errors.append(Error(f"DISCOVERY['ZONE'] must be a string or None, not {merged['ZONE']!r}.",
                             id="discovery_app.E007"))

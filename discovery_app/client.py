@@ -543,7 +543,10 @@ class DiscoveryClient:
             if leader:
                 flight = self._fetching[service] = threading.Event()
         if not leader:
-            if entry is not None and entry.instances:
+            # The cached answer at once, unless none of it is healthy any more: then it is no answer
+            # (ALL_UNHEALTHY) and this caller waits for the refresh under way, or, if that fails,
+            # takes it as stale, like the caller that ran the refresh.
+            if entry is not None and entry.instances and self._healthy(entry):
                 return entry, False, True
             flight.wait(2 * self.redis_timeout + 1.0)
             fetched = self._cache.get(service)

@@ -58,7 +58,9 @@ local function prune(service)
   for _, id in ipairs(dead) do
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id, 'health:' .. id)
+    -- The operator's drain stays: the same instance re-registered by its next heartbeat is still
+    -- drained (a flaky instance is what gets drained). A new process's register clears it.
+    redis.call('HDEL', KEYS[5], 'health:' .. id)
     redis.call('ZREM', KEYS[2], id)
     changed(id)
     publish('expired', service, id)

@@ -72,6 +72,7 @@ def test_checks_accept_the_defaults_and_a_sensible_config(settings):
     ({"HTTP_DEADLINE": -1}, ["discovery_app.E010"]),
     ({"HEARTBEAT_INTERVAL": 30}, ["discovery_app.E006"]),
     ({"HEARTBEAT_INTERVAL": 20}, ["discovery_app.W001"]),
+    ({"HEALTHY_FACTOR": 0.2}, ["discovery_app.W002"]),  # healthy for 6 s of every 10 s heartbeat interval
     ({"ZONE": 3}, ["discovery_app.E007"]),
     ({"KEY_PREFIX": "a{b"}, ["discovery_app.E008"]),
     ({"REDIS_ALIAS": "nope"}, ["discovery_app.E009"]),
@@ -93,6 +94,27 @@ def test_a_fallback_keeps_its_base_path(registry):
     client = DiscoveryClient(listen=False, fallbacks={"orders": ["http://gateway.internal/orders-api/"]})
     instance = client.resolve("orders")
     assert (instance.address, instance.port, instance.url) == ("gateway.internal", 80, "http://gateway.internal:80/orders-api")
+
+
+def test_a_drain_survives_an_expiry_and_the_heartbeat_that_registers_the_instance_again(redis):
+    # A flaky instance is what an operator drains; missing one TTL must not put it back in rotation.
+    registry = ServiceRegistry(ttl=1)
+    flaky = registry.register("orders", "10.0.0.1", 8000)
+    assert registry.set_draining("orders", flaky.instance_id)
+    wait_for(lambda: registry.instances("orders") == [], timeout=30, what="the instance expired")
+    assert registry.heartbeat(flaky.instance_id) == "reregistered"
+    [back] = registry.instances("orders")
+    assert back.instance_id == flaky.instance_id and back.draining
+    # A new process registering the id starts in rotation.
+    registry.register("orders", "10.0.0.1", 8000, instance_id=flaky.instance_id)
+    assert not registry.instances("orders")[0].draining
+
+
+def test_drain_and_undrain_together_or_without_an_id_are_refused(registry):
+    with pytest.raises(CommandError):
+        call_command("discover", "orders", "--drain", "a", "--undrain", "a", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="need an instance id"):
+        call_command("discover", "orders", "--drain", "", stdout=io.StringIO())
 
 
 def test_an_operator_drains_an_instance_and_brings_it_back_without_restarting_it(registry, redis):

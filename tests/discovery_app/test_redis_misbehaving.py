@@ -65,6 +65,28 @@ def test_a_hung_redis_costs_one_short_timeout_and_callers_get_the_cached_answer(
     assert max(seconds for _, seconds in results) < 10, results
 
 
+def test_while_a_refresh_hangs_other_callers_get_the_stale_instances_not_all_unhealthy(private_redis, settings, clock):
+    # Found by a user trial: during an outage, once the cached heartbeats had aged past HEALTHY_FACTOR
+    # x TTL, a caller that found another thread's refresh under way took the cache as fresh, found no
+    # healthy instance in it and raised ServiceNotAvailable(ALL_UNHEALTHY) while instances were cached.
+    settings.DISCOVERY = {"REDIS_TIMEOUT": 3.0}
+    ServiceRegistry(ttl=1).register("web", "127.0.0.1", 1)
+    client = DiscoveryClient(listen=False, cache_ttl=5, clock=clock)
+    assert client.resolve("web").port == 1
+    entry = client._cache["web"]
+    private_redis.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: not client._healthy(entry), timeout=30, what="the cached heartbeat older than 1.5 x TTL")
+        clock.advance(10)  # the cache entry has expired
+        leader = threading.Thread(target=lambda: client.resolve("web"))
+        leader.start()
+        wait_for(lambda: "web" in client._fetching, timeout=10, what="the first caller's refresh under way")
+        assert client.resolve("web").port == 1  # stale, but an answer
+        leader.join(30)
+    finally:
+        private_redis.process.send_signal(signal.SIGCONT)
+
+
 def test_a_first_resolve_against_a_hung_redis_fails_within_the_short_timeout(private_redis, settings):
     settings.DISCOVERY = {"REDIS_TIMEOUT": 0.5}
     client = DiscoveryClient(listen=False)

@@ -35,13 +35,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("service", nargs="?", help="A service name; without it, list every service.")
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
-        parser.add_argument("--drain", metavar="INSTANCE_ID",
+        rotation = parser.add_mutually_exclusive_group()
+        rotation.add_argument("--drain", metavar="INSTANCE_ID",
                             help="Mark this instance of SERVICE draining: clients stop picking it; it stays registered.")
-        parser.add_argument("--undrain", metavar="INSTANCE_ID", help="Put a draining instance of SERVICE back in rotation.")
+        rotation.add_argument("--undrain", metavar="INSTANCE_ID", help="Put a draining instance of SERVICE back in rotation.")
 
     def handle(self, *args, service, json: bool, drain=None, undrain=None, **options):
         as_json = json
         registry = ServiceRegistry()
+        if drain == "" or undrain == "":
+            raise CommandError("--drain/--undrain need an instance id; `discover SERVICE` lists them.")
         if drain or undrain:
             return self.set_draining(registry, service, drain or undrain, draining=bool(drain))
         try:

@@ -43,7 +43,7 @@ class Command(BaseCommand):
         parser.add_argument("--address", required=True, help="Host name or IP clients connect to.")
         parser.add_argument("--port", required=True, type=port_number, help="TCP port clients connect to.")
         parser.add_argument("--zone", help="Zone of the instance (clients prefer their own zone).")
-        parser.add_argument("--weight", type=weight_number, default=1.0, help="Weight for weighted-random (default 1).")
+        parser.add_argument("--weight", type=weight_number, default=1.0, help="Relative weight; every strategy honours it, 0 drains (default 1).")
         parser.add_argument("--version", dest="instance_version", default="", help="Version of the service.")
         parser.add_argument("--tag", action="append", default=[], dest="tags", help="A tag; repeat for more.")
         parser.add_argument("--scheme", choices=("http", "https"), default="http",
