@@ -41,7 +41,8 @@ _CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_tim
 
 
 def is_cluster(conn):
-    return isinstance(conn, RedisCluster)
+    # ``unwrapped``: a page's one-attempt wrapper (shoal_common.page_redis) around either kind.
+    return isinstance(getattr(conn, "unwrapped", conn), RedisCluster)
 
 
 def node_client(conn, key):

@@ -50,6 +50,18 @@ def check_streams_settings(app_configs=None, **kwargs):
     else:
         timeout = caches[alias].get("OPTIONS", {}).get("SOCKET_TIMEOUT")
         block_ms = merged["BLOCK_MS"]
+        admin_timeout = merged["ADMIN_REDIS_TIMEOUT"]
+        if (timeout is not None and isinstance(admin_timeout, (int, float)) and not isinstance(admin_timeout, bool)
+                and admin_timeout >= timeout):
+            errors.append(
+                Warning(
+                    f"STREAMS['ADMIN_REDIS_TIMEOUT'] ({admin_timeout} s) is not below CACHES[{alias!r}] "
+                    f"SOCKET_TIMEOUT ({timeout} s).",
+                    hint="Admin pages would wait on a hung Redis as long as the blocking readers do; keep it a few "
+                         "seconds (the default is 2).",
+                    id="streams_app.W003",
+                )
+            )
         if timeout is not None and isinstance(block_ms, int) and timeout * 1000 <= block_ms:
             errors.append(
                 Warning(

@@ -7,6 +7,7 @@ from shoal_common.connections import TRANSIENT_ERRORS  # noqa: F401  (re-exporte
 from shoal_common.redisconn import (  # noqa: F401  (re-exported)
     is_cluster, node_client, per_slot, recover, slot_pipeline,
 )
+from shoal_common.page_redis import OneAttempt, short_timeout_client
 from streams_app.conf import setting
 
 
@@ -17,3 +18,16 @@ def get_connection():
 def dedicated_connection(client_name):
     """A client with a pool of its own whose connections carry ``client_name`` (see shoal_common.connections)."""
     return connections.dedicated_connection(setting("REDIS_ALIAS"), client_name)
+
+
+def web_connection():
+    """The shared client with the admin's short timeout (``STREAMS["ADMIN_REDIS_TIMEOUT"]``), no retry."""
+    return short_timeout_client(get_connection(), setting("ADMIN_REDIS_TIMEOUT"))
+
+
+def page_connection(request):
+    """The web client for one request, which asks a hung Redis once (shoal_common.page_redis.OneAttempt)."""
+    conn = getattr(request, "_shoal_redis", None)
+    if conn is None:
+        conn = request._shoal_redis = OneAttempt(web_connection())
+    return conn

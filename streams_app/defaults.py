@@ -65,6 +65,10 @@ SETTINGS = (
             "Seconds between two rows of GroupSnapshot (lag, pending, consumers, dead letters) per group."),
     Setting("SNAPSHOT_RETENTION", 7 * 24 * 3600, SECONDS_INT,
             "Seconds GroupSnapshot rows are kept for the admin charts before the reclaim daemon prunes them."),
+    Setting("ADMIN_REDIS_TIMEOUT", 2.0, POSITIVE_NUMBER,
+            "Seconds an admin page or action waits for Redis (connect and each reply, no retry). After one "
+            "failure the page makes no further Redis call and shows the mirror's last copy, so a hung Redis costs "
+            "a page about this long, never the pool's SOCKET_TIMEOUT (sized for blocking reads)."),
     Setting("BROADCAST_CHANNEL", "shoal:broadcast", NON_EMPTY_STRING,
             "The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each.", check_id="E020"),
     # -- the transactional outbox (streams_app/outbox, docs/publishing.md) --------------------

@@ -25,7 +25,7 @@ from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from streams_app.deadletters.replay import replay
@@ -38,7 +38,7 @@ CHART_HOURS = (1, 6, 24, 168)
 
 class StreamsMirrorAdmin(MirrorAdmin):
     def sync(self, request):
-        return mirror.try_sync()
+        return mirror.try_sync(page_connection(request))
 
 
 def logical_link(name):
@@ -171,7 +171,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         hours = hours if hours in CHART_HOURS else 6
         context = {
             "mirror": mirror,
-            "consumers": admin_views.group_consumers(group),
+            "consumers": admin_views.group_consumers(group, page_connection(request)),
             "chart": mark_safe(group_chart(group.stream.name, group.name, hours=hours)),  # built from escaped parts
             "hours": hours,
             "hour_choices": CHART_HOURS,
@@ -306,12 +306,13 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         if not request.POST.get("post"):
             return self._confirm(request, queryset, "replay_selected", "Replay dead letters",
                                  "Each goes back to its origin stream for the group that failed it only.")
+        conn = web_connection()
         replayed, gone = 0, 0
         batches = list(_batches(queryset))
         for done, ((stream, group), batch) in enumerate(batches):
             by_entry = {d["entry_id"]: d for d in batch}
             try:
-                result = replay(stream, group, ids=list(by_entry))
+                result = replay(stream, group, ids=list(by_entry), conn=conn)
             except ReplayError as exc:
                 self.message_user(request, f"{stream}:{group}: {exc}", messages.ERROR)
                 continue
@@ -328,7 +329,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
         else:
             _report(self, request, replayed, gone, "Replayed")
-            mirror.try_sync()
+            mirror.try_sync(conn)
             return None
         if gone:
             _report(self, request, 0, gone, "Replayed")
@@ -339,7 +340,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         if not request.POST.get("post"):
             return self._confirm(request, queryset, "delete_selected_dead_letters", "Delete dead letters",
                                  "Deleted dead letters are gone from Redis for good: they cannot be replayed.")
-        conn = get_connection()
+        conn = web_connection()
         deleted, gone = 0, 0
         batches = list(_batches(queryset))
         for done, ((stream, _group), batch) in enumerate(batches):
@@ -359,7 +360,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             gone += len(batch) - sum(outcomes)
             DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
         _report(self, request, deleted, gone, "Deleted")
-        mirror.try_sync()
+        mirror.try_sync(conn)
 
 
 def _interrupted(model_admin, request, exc, verb, participle, done, remaining):

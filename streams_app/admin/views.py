@@ -23,8 +23,9 @@ from streams_app.deadletters import store as deadletters
 from streams_app.admin import mirror
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import PublishError, ReplayError
+from streams_app.models import MirrorState
 from streams_app.producer import encode_payload
 from shoal_common.redis_errors import is_missing
 from shoal_common.text import to_text
@@ -50,7 +51,7 @@ def _text(value):
 
 def group_consumers(group, conn=None):
     """The group's consumers from XINFO CONSUMERS (name, pending, idle, inactive), or [] when gone."""
-    conn = conn or get_connection()
+    conn = conn or web_connection()
     try:
         rows = conn.xinfo_consumers(group.stream.name, group.name)
     except redis.ResponseError as exc:
@@ -95,11 +96,12 @@ def pending_entries(model_admin, request, object_id):
                if getattr(model_admin, f"has_{spec[0]}_permission")(request)}
     if request.method == "POST":
         return _pending_action(model_admin, request, group, allowed)
-    conn = get_connection()
+    conn = page_connection(request)
     after = request.GET.get("after") or None
     if after is not None:
         check_entry_ids([after])
     stream = group.stream.name
+    copied = None
     try:
         summary = conn.xpending(stream, group.name)
         page, next_after = read_pending_page(conn, stream, group.name, after)
@@ -108,12 +110,20 @@ def pending_entries(model_admin, request, object_id):
             raise
         summary, page, next_after = {"pending": 0}, [], None
         model_admin.message_user(request, f"Group {group} no longer exists in Redis.", messages.WARNING)
+    except TRANSIENT_ERRORS as exc:
+        # Asked once (ADMIN_REDIS_TIMEOUT): the page shows the mirror's count and its age instead.
+        summary, page, next_after = {"pending": group.pending}, [], None
+        copied = MirrorState.objects.filter(name=mirror.STREAMS_MIRROR).first()
+        model_admin.message_user(request, f"Redis is unreachable ({type(exc).__name__}: {exc}): the entries cannot "
+                                          "be listed or acted on now. The count is the mirror's last copy.",
+                                 messages.ERROR)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"Pending entries of {group}",
         "subtitle": None,
         "opts": model_admin.model._meta,
         "group": group,
+        "mirror": copied,
         "total": summary.get("pending", 0),
         "entries": page,
         "after": after,
@@ -138,7 +148,8 @@ def _pending_action(model_admin, request, group, allowed):
     stream = group.stream.name
     target = request.POST.get("consumer", "")
     back = request.get_full_path()
-    if action == "claim" and target not in {c["name"] for c in group_consumers(group)}:
+    conn = web_connection()
+    if action == "claim" and target not in {c["name"] for c in group_consumers(group, conn)}:
         model_admin.message_user(request, "Choose one of the group's consumers to claim the entries to.", messages.ERROR)
         return HttpResponseRedirect(back)
     if not request.POST.get("post"):
@@ -152,7 +163,6 @@ def _pending_action(model_admin, request, group, allowed):
                             items=[f"{stream} {i}" for i in ids], warning=warning,
                             hidden={"consumer": target} if target else None,
                             ids=ids, form_action=back, id_field="entry")
-    conn = get_connection()
     done = _apply(conn, request, stream, group.name, action, ids, target)
     gone = len(ids) - len(done)
     verb = PENDING_ACTIONS[action][2]
@@ -165,7 +175,7 @@ def _pending_action(model_admin, request, group, allowed):
     if gone:
         model_admin.message_user(request, f"{gone} of the entries were no longer pending (handled, claimed or moved "
                                           "meanwhile); nothing was done to them.", messages.WARNING)
-    mirror.try_sync()
+    mirror.try_sync(conn)
     return HttpResponseRedirect(back)
 
 
@@ -274,7 +284,7 @@ def _edited_payload(text, types_text):
 def _do_replay_edited(model_admin, request, letter, payload, changelist):
     try:
         result = replay(letter.stream, letter.group, ids=[letter.entry_id],
-                        payload_override=JSON_NULL if payload is None else payload)
+                        payload_override=JSON_NULL if payload is None else payload, conn=web_connection())
     except ReplayError as exc:
         model_admin.message_user(request, f"Not replayed: {exc}", messages.ERROR)
         return HttpResponseRedirect(request.path)
@@ -291,5 +301,5 @@ def _do_replay_edited(model_admin, request, letter, payload, changelist):
                                                                f"{letter.group} of {letter.stream} as entry {new_id}")], CHANGE)
     model_admin.message_user(request, f"Replayed {letter.entry_id} with the edited payload to group {letter.group} "
                                       f"as entry {new_id}.", messages.SUCCESS)
-    mirror.try_sync()
+    mirror.try_sync(web_connection())
     return HttpResponseRedirect(changelist)

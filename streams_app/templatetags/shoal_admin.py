@@ -3,6 +3,7 @@ from django import template
 
 from streams_app.admin import mirror
 from streams_app.conf import get_settings
+from streams_app.connection import page_connection
 
 register = template.Library()
 
@@ -14,7 +15,7 @@ def shoal_summary(context):
     request = context.get("request")
     if request is None or not request.user.has_perm("streams_app.view_consumergroup"):
         return {"show": False}
-    copied = mirror.try_sync()
+    copied = mirror.try_sync(page_connection(request))
     config = get_settings()
     target = config["TARGET_LAG"]  # the supervisor's autoscaling target doubles as "lagging"
     groups = ConsumerGroup.objects.select_related("stream")

@@ -44,3 +44,8 @@ def test_a_lease_interval_not_below_half_the_ttl_is_an_error(settings):
     assert "streams_app.E032" in {e.id for e in check_streams_settings()}
     settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": 1000}
     assert "streams_app.E032" not in {e.id for e in check_streams_settings()}
+
+
+def test_an_admin_timeout_as_long_as_the_socket_timeout_warns(settings):
+    assert ids({"ADMIN_REDIS_TIMEOUT": 30}, settings) == ["streams_app.W003"]
+    assert ids({"ADMIN_REDIS_TIMEOUT": 0}, settings) == ["streams_app.E003"]

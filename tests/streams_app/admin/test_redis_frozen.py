@@ -1,0 +1,65 @@
+"""A hung Redis (SIGSTOP: connections open, nothing answers) costs an admin page its short timeout, not 30 s."""
+import signal
+import time
+
+import pytest
+
+from streams_app.admin import mirror
+from streams_app.models import ConsumerGroup, DeadLetter
+from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+# Loose: the default ADMIN_REDIS_TIMEOUT is 2 s; the pool's socket timeout (30 s) is what is ruled out.
+PAGE_BOUND = 10.0
+
+
+@pytest.fixture
+def frozen_redis(redis_factory, use_redis):
+    server = redis_factory()
+    use_redis(server)
+    client = server.client()
+    frozen = []
+
+    def freeze():
+        server.process.send_signal(signal.SIGSTOP)
+        frozen.append(True)
+
+    yield client, freeze
+    if frozen:
+        server.process.send_signal(signal.SIGCONT)
+
+
+def timed_get(client, url):
+    started = time.monotonic()
+    response = client.get(url)
+    return response, time.monotonic() - started
+
+
+def test_every_admin_page_answers_from_the_mirror_within_its_timeout_when_redis_hangs(staff_client, frozen_redis):
+    redis, freeze = frozen_redis
+    dead_letter(redis, [{"n": 1}], group="b")
+    pending(redis, "jobs", "a", [{"n": 2}])
+    mirror.sync_all()
+    group = ConsumerGroup.objects.get(name="a")
+    letter = DeadLetter.objects.get()
+    client = staff_client("streams_app.claim_pending", "streams_app.ack_pending", "streams_app.replay_deadletter")
+    client.get("/admin/")  # connections are open when Redis freezes, as in production
+    freeze()
+    for url in ["/admin/", "/admin/streams_app/stream/", "/admin/streams_app/consumergroup/",
+                f"/admin/streams_app/consumergroup/{group.pk}/change/",
+                f"/admin/streams_app/consumergroup/{group.pk}/pending/",
+                "/admin/streams_app/deadletter/", f"/admin/streams_app/deadletter/{letter.pk}/change/"]:
+        response, took = timed_get(client, url)
+        assert took < PAGE_BOUND, f"{url} took {took:.1f} s"
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        if "/pending/" in url or url.endswith(("stream/", "consumergroup/", "deadletter/")):
+            assert "The last copy from Redis did not complete" in html, url
+    pending_page = client.get(f"/admin/streams_app/consumergroup/{group.pk}/pending/")
+    assert any("Redis is unreachable" in str(m) for m in pending_page.context["messages"])
+    assert pending_page.context["total"] == 1  # the mirror's count
+    started = time.monotonic()
+    action = client.post(f"/admin/streams_app/consumergroup/{group.pk}/pending/",
+                         {"action": "ack", "entry": [pending_page.context["group"].last_delivered_id], "post": "yes"})
+    assert time.monotonic() - started < PAGE_BOUND and action.status_code == 302
