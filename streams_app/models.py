@@ -29,7 +29,7 @@ class GroupSnapshot(models.Model):
     lag = models.BigIntegerField(null=True, help_text="Entries not yet delivered to the group; null when Redis cannot tell.")
     pending = models.BigIntegerField()
     consumers = models.IntegerField()
-    dead_letters = models.BigIntegerField(help_text="Length of the stream's dead-letter stream.")
+    dead_letters = models.BigIntegerField(help_text="This group's letters in the stream's dead-letter stream.")
     entries_read = models.BigIntegerField(
         null=True, help_text="Entries delivered to the group so far (XINFO GROUPS); the chart's throughput is its rate."
     )
@@ -83,6 +83,9 @@ class ConsumerGroup(models.Model):
         default=0, help_text="Pending entries idle longer than the pending timeout (counted up to STALE_PENDING_CAP)."
     )
     consumers = models.IntegerField(default=0)
+    dead_letters = models.BigIntegerField(
+        default=0, help_text="This group's letters still in the stream's dead-letter stream (as far as copied)."
+    )
     last_delivered_id = models.CharField(max_length=64, blank=True)
     entries_read = models.BigIntegerField(null=True)
     handler = models.CharField(max_length=300, blank=True, help_text="Empty when no @consumer of this project reads the group.")

@@ -111,6 +111,7 @@ class Reclaimer:
             except redis.ResponseError as exc:
                 if not _absent(exc):
                     self._skip(stream, stream, exc, report)
+        self.sync_mirrors(report)  # first: the snapshots count each group's dead letters in the fresh copy
         try:
             self.snapshot(now, report)
         except TRANSIENT_ERRORS as exc:
@@ -123,7 +124,6 @@ class Reclaimer:
         except DatabaseError as exc:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
-        self.sync_mirrors(report)
         self._reported &= set(report.errors)  # a problem that went away is logged again if it comes back
         if not report.unreachable and self.down_since is not None:
             logger.warning("Reclaimer: Redis reachable again after %.0fs; passes go on", time.monotonic() - self.down_since)
@@ -268,6 +268,7 @@ class Reclaimer:
 
         With several daemons, a short-lived key per group lets only one of them write each row.
         """
+        from streams_app.admin import mirror
         from streams_app.models import GroupSnapshot, ProcessedMessage
 
         interval_ms = int(self.config["SNAPSHOT_INTERVAL"] * 1000)
@@ -283,10 +284,11 @@ class Reclaimer:
             pipe.xinfo_groups(stream)
             pipe.xlen(keys.dead_letter_key(stream))
             try:
-                infos, dlq_length = pipe.execute()
+                infos, _ = pipe.execute()  # XLEN: a dead-letter key of another type skips the stream here
             except redis.ResponseError as exc:
                 self._skip(f"snapshots of {stream}", stream, exc, report)
                 continue
+            by_group = mirror.dead_letters_by_group(stream)  # the DLQ holds every group's letters
             for info in infos:
                 name = _str(info["name"])
                 if name not in groups:
@@ -297,7 +299,7 @@ class Reclaimer:
                 metrics.group_consumers.labels(stream, name).set(info["consumers"])
                 if self.conn.set(keys.snapshot_lock_key(stream, name), "1", nx=True, px=max(1, interval_ms - 500)):
                     rows.append(GroupSnapshot(stream=stream, group=name, taken_at=taken_at, lag=lag,
-                                              pending=info["pending"], consumers=info["consumers"], dead_letters=dlq_length,
+                                              pending=info["pending"], consumers=info["consumers"], dead_letters=by_group.get(name, 0),
                                               entries_read=info.get("entries-read")))
         if rows:
             GroupSnapshot.objects.bulk_create(rows)

@@ -123,6 +123,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
                                       stale, now, "; ".join(problems))
                 if name in dlq_lengths:
                     sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
+                _count_group_dead_letters(stream)
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:  # one stream's data must not stop the copy of the others
@@ -183,6 +184,27 @@ def _stale_pending(conn, infos, timeout_ms):
         pipe.xpending_range(name, group, min="-", max="+", count=STALE_PENDING_CAP, idle=timeout_ms)
     return {pair: len(rows) for pair, rows in zip(asked, pipe.execute(raise_on_error=False))
             if not isinstance(rows, Exception)}
+
+
+def dead_letters_by_group(stream):
+    """{group: dead letters of that group} for one stream, counted in the copied DeadLetter rows.
+
+    A dead letter names the group that failed it; the stream's DLQ length counts every group's.
+    Exact once the copy has caught up (the reclaim daemon copies every letter each pass).
+    """
+    from django.db.models import Count
+
+    from streams_app.models import DeadLetter
+
+    return dict(DeadLetter.objects.filter(stream=stream).order_by().values_list("group").annotate(n=Count("pk")))
+
+
+def _count_group_dead_letters(stream):
+    counts = dead_letters_by_group(stream.name)
+    for group in stream.consumer_groups.all():
+        if group.dead_letters != counts.get(group.name, 0):
+            group.dead_letters = counts.get(group.name, 0)
+            group.save(update_fields=["dead_letters"])
 
 
 # -- dead letters -----------------------------------------------------------------------------

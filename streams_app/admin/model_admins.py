@@ -102,11 +102,12 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
     list_display = ("name", "stream", "logical_stream", "lag_display", "pending_link", "stale_pending", "consumers",
-                    "dead_letters", "last_delivered_id", "entries_read", "handler", "max_deliveries")
+                    "dead_letters_link", "last_delivered_id", "entries_read", "handler", "max_deliveries")
     list_filter = ("stream", GroupLogicalStreamFilter, ("handler", admin.EmptyFieldListFilter))
     search_fields = ("name", "stream__name", "handler")
     list_select_related = ("stream",)
-    fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers", "last_delivered_id", "entries_read",
+    fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers", "dead_letters", "last_delivered_id",
+              "entries_read",
               "handler", "max_deliveries", "synced_at")
     readonly_fields = fields
     change_form_template = "admin/streams_app/consumergroup/change_form.html"
@@ -128,9 +129,11 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             return "-"
         return f"~{obj.lag} (estimated)" if obj.lag_estimated else obj.lag
 
-    @admin.display(description="dead letters", ordering="stream__dead_letters")
-    def dead_letters(self, obj):
-        return obj.stream.dead_letters
+    @admin.display(description="dead letters", ordering="dead_letters")
+    def dead_letters_link(self, obj):
+        url = reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": obj.stream.name,
+                                                                                   "group": obj.name})
+        return format_html('<a href="{}">{}</a>', url, obj.dead_letters)
 
     @admin.display(description="logical stream")
     def logical_stream(self, obj):

@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from streams_app import publish_many
 from streams_app.conf import get_settings
+from streams_app.deadletters import store as deadletters
 from streams_app.connection import get_connection, node_client
 from streams_app.models import GroupSnapshot
 from streams_app.reclaim import Reclaimer
@@ -136,16 +137,22 @@ def test_snapshots_rows_gauges_and_pruning(redis):
     ids = publish_many("jobs", [{"n": n} for n in range(10)])
     redis.xgroup_create("jobs", "a", id="0")
     redis.xreadgroup("a", "c", {"jobs": ">"}, count=4)
-    redis.xadd("{jobs}:dlq", {"payload": "{}"})
-    daemon = reclaimer(["jobs:a"], SNAPSHOT_INTERVAL=3600, SNAPSHOT_RETENTION=60)
+    redis.xgroup_create("jobs", "b", id="$")
+    failed = publish_many("jobs", [{"n": n} for n in range(3)])
+    deadletters.move(redis, "jobs", "a", [(ids[0], "ValueError: x", "")])
+    redis.xreadgroup("b", "c", {"jobs": ">"})
+    deadletters.move(redis, "jobs", "b", [(i, "ValueError: x", "") for i in failed[1:]])
+    daemon = reclaimer(["jobs:a", "jobs:b"], SNAPSHOT_INTERVAL=3600, SNAPSHOT_RETENTION=60)
     now = time.time()
     old = GroupSnapshot.objects.create(stream="jobs", group="a", taken_at=_utc(now - 120), lag=0, pending=0,
                                        consumers=0, dead_letters=0)
-    assert daemon.tick(now=now).snapshots == 1
-    row = GroupSnapshot.objects.get(taken_at=_utc(now))
-    assert (row.lag, row.pending, row.consumers, row.dead_letters) == (6, 4, 1, 1)
+    assert daemon.tick(now=now).snapshots == 2
+    row = GroupSnapshot.objects.get(taken_at=_utc(now), group="a")
+    assert (row.lag, row.pending, row.consumers, row.dead_letters) == (9, 3, 1, 1)
+    # The dead-letter stream holds both groups' letters; each group's row counts its own.
+    assert GroupSnapshot.objects.get(taken_at=_utc(now), group="b").dead_letters == 2
     assert not GroupSnapshot.objects.filter(pk=old.pk).exists()  # older than the retention
-    other = reclaimer(["jobs:a"], SNAPSHOT_INTERVAL=3600)
+    other = reclaimer(["jobs:a", "jobs:b"], SNAPSHOT_INTERVAL=3600)
     assert other.tick(now=now + 1).snapshots == 0  # one row per interval, however many daemons
     labels = {"stream": "jobs", "group": "a"}
     assert REGISTRY.get_sample_value("shoal_group_consumers", labels) == 1
