@@ -83,6 +83,9 @@ class ConsumerGroup(models.Model):
         default=0, help_text="Pending entries idle longer than the pending timeout (counted up to STALE_PENDING_CAP)."
     )
     consumers = models.IntegerField(default=0)
+    live_consumers = models.IntegerField(
+        null=True, help_text="Consumers of the group whose process renews its liveness deadline (a killed one does not)."
+    )
     dead_letters = models.BigIntegerField(
         default=0, help_text="This group's letters still in the stream's dead-letter stream (as far as copied)."
     )
@@ -97,6 +100,7 @@ class ConsumerGroup(models.Model):
         default_permissions = ("view",)
         constraints = [models.UniqueConstraint(fields=["stream", "name"], name="streams_group_unique")]
         permissions = [
+            ("retry_pending", "Can make pending entries due for a retry at once"),
             ("claim_pending", "Can claim pending entries to a consumer"),
             ("ack_pending", "Can acknowledge pending entries without processing them"),
             ("deadletter_pending", "Can move pending entries to the dead letters"),

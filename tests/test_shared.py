@@ -28,6 +28,8 @@ def test_to_text():
 def test_entry_ids():
     assert is_entry_id("1700000000000-0") and not is_entry_id("1700000000000") and not is_entry_id("1-0\n")
     assert not is_entry_id(b"1-0") and not is_entry_id("-1-0")
+    # Each part is a 64-bit unsigned integer in Redis: one past it is no id (a 404, not a Redis error).
+    assert is_entry_id(f"{2**64 - 1}-{2**64 - 1}") and not is_entry_id(f"{2**64}-0") and not is_entry_id(f"0-{2**64}")
     assert sorted(["10-0", "9-1", "9-0"], key=id_key) == ["9-0", "9-1", "10-0"]
     assert next_id(b"5-9") == "5-10"
 

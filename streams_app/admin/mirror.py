@@ -112,6 +112,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     dlq_lengths = dict(zip(readable_dlqs, pipe.execute()))
 
     stale = _stale_pending(conn, infos, timeout)
+    alive = _alive_consumers(conn, infos)
     rows = []
     for name in names:
         problems = [f"Redis key {key!r} holds a {kind}, not a stream; Shoal leaves it as it is"
@@ -120,7 +121,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
         try:
             with transaction.atomic():
                 stream = _sync_stream(conn, name, infos.get(name, ({}, [])), dlq_lengths.get(name, 0), by_group,
-                                      stale, now, "; ".join(problems))
+                                      (stale, alive), now, "; ".join(problems))
                 if name in dlq_lengths:
                     sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
                 _count_group_dead_letters(stream)
@@ -135,11 +136,12 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     return rows
 
 
-def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
+def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem):
     from streams_app.models import ConsumerGroup, Stream
     from streams_app.supervisor.lag import backlog
 
     stream_info, groups = info
+    stale, alive = counts
     stream, _ = Stream.objects.update_or_create(name=name, defaults={
         "length": stream_info.get("length", 0),
         "groups": len(groups),
@@ -164,6 +166,7 @@ def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
             "pending": group_info["pending"],
             "stale_pending": stale.get((name, group), 0),
             "consumers": group_info["consumers"],
+            "live_consumers": alive.get((name, group)),
             "last_delivered_id": last_delivered,
             "entries_read": group_info.get("entries-read"),
             "handler": spec.handler_path[:300] if spec else "",
@@ -172,6 +175,31 @@ def _sync_stream(conn, name, info, dlq_length, by_group, stale, now, problem):
         })
     stream.consumer_groups.exclude(name__in=seen).delete()
     return stream
+
+
+def _alive_consumers(conn, infos):
+    """(stream, group) -> consumers of the group whose liveness deadline is ahead (admin/consumers.py).
+
+    A SIGKILLed worker stays a consumer of its groups; its deadline lapses within CONSUMER_TTL.
+    """
+    from streams_app.admin.consumers import deadlines
+
+    asked = [(name, _text(g["name"])) for name, (_, groups) in infos.items() for g in groups]
+    if not asked:
+        return {}
+    pipe = conn.pipeline(transaction=False)
+    for name, group in asked:
+        pipe.xinfo_consumers(name, group)
+    rows = pipe.execute(raise_on_error=False)
+    by_stream = {}
+    out = {}
+    for (name, group), members in zip(asked, rows):
+        if isinstance(members, Exception):
+            continue
+        if name not in by_stream:
+            by_stream[name] = deadlines(conn, name)
+        out[(name, group)] = sum(1 for m in members if by_stream[name].get(_text(m["name"]), 0) > 0)
+    return out
 
 
 def _stale_pending(conn, infos, timeout_ms):

@@ -19,12 +19,14 @@ from django.utils.safestring import mark_safe
 from streams_app import keys, partitions
 
 from streams_app.admin import logical as logical_views
+from streams_app.admin import pending
 from streams_app.admin import views as admin_views
 
 from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
+from streams_app.admin.consumers import group_consumers
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
@@ -81,6 +83,13 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
               "synced_at")
     readonly_fields = fields
 
+    @admin.display(description="consumers", ordering="live_consumers")
+    def consumers_display(self, obj):
+        # XINFO's count keeps a SIGKILLed worker; only a renewed liveness deadline says it runs.
+        if obj.live_consumers is None:
+            return obj.consumers
+        return f"{obj.live_consumers} alive of {obj.consumers}"
+
     @admin.display(description="dead letters", ordering="dead_letters")
     def dead_letters_link(self, obj):
         url = reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": obj.name})
@@ -101,16 +110,20 @@ class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "stream", "logical_stream", "lag_display", "pending_link", "stale_pending", "consumers",
-                    "dead_letters_link", "last_delivered_id", "entries_read", "handler", "max_deliveries")
+    list_display = ("name", "stream", "logical_stream", "lag_display", "pending_link", "stale_pending",
+                    "consumers_display", "dead_letters_link", "last_delivered_id", "entries_read", "handler",
+                    "max_deliveries")
     list_filter = ("stream", GroupLogicalStreamFilter, ("handler", admin.EmptyFieldListFilter))
     search_fields = ("name", "stream__name", "handler")
     list_select_related = ("stream",)
-    fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers", "dead_letters", "last_delivered_id",
+    fields = ("stream", "name", "lag_display", "pending", "stale_pending", "consumers_display", "dead_letters", "last_delivered_id",
               "entries_read",
               "handler", "max_deliveries", "synced_at")
     readonly_fields = fields
     change_form_template = "admin/streams_app/consumergroup/change_form.html"
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm("streams_app.retry_pending")
 
     def has_claim_permission(self, request):
         return request.user.has_perm("streams_app.claim_pending")
@@ -128,6 +141,13 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         if obj.lag is None:
             return "-"
         return f"~{obj.lag} (estimated)" if obj.lag_estimated else obj.lag
+
+    @admin.display(description="consumers", ordering="live_consumers")
+    def consumers_display(self, obj):
+        # XINFO's count keeps a SIGKILLed worker; only a renewed liveness deadline says it runs.
+        if obj.live_consumers is None:
+            return obj.consumers
+        return f"{obj.live_consumers} alive of {obj.consumers}"
 
     @admin.display(description="dead letters", ordering="dead_letters")
     def dead_letters_link(self, obj):
@@ -162,7 +182,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
     @redis_unreachable_is_a_message
     def pending_view(self, request, object_id):
-        return admin_views.pending_entries(self, request, object_id)
+        return pending.pending_entries(self, request, object_id)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         mirror = self.sync(request)
@@ -174,7 +194,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         hours = hours if hours in CHART_HOURS else 6
         context = {
             "mirror": mirror,
-            "consumers": admin_views.group_consumers(group, page_connection(request)),
+            "consumers": group_consumers(page_connection(request), group.stream.name, group.name),
             "chart": mark_safe(group_chart(group.stream.name, group.name, hours=hours)),  # built from escaped parts
             "hours": hours,
             "hour_choices": CHART_HOURS,

@@ -423,12 +423,17 @@ class GroupLoop:
             last = _str(row["message_id"])
             deliveries = row["times_delivered"]
             if busy_here is None:
-                busy_here = self.in_flight | {entry_id for _, entry_id, _ in self.retries}
+                busy_here = self.in_flight
+                waiting = {entry_id for _, entry_id, _ in self.retries}
             if last in busy_here:
                 # Running or queued here, even if another consumer claimed it from us meanwhile:
                 # claiming it back would run it a second time in this very process.
                 continue
-            # Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
+            if last in waiting and row["time_since_delivered"] < claimable_idle_ms(
+                    deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
+                continue  # its back-off here is not over
+            # One waiting here yet idle past its back-off was made due by an operator (the admin's
+            # "retry now" sets its idle time): taken now, and out of the retry heap. Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
             # chunk was lost) is treated like any abandoned entry.
             if deliveries >= self.max_deliveries:
                 self.to_dead_letter.append((last, deadletters.RECORDED_ERROR, ""))
@@ -441,11 +446,17 @@ class GroupLoop:
             self.next_claim = now + self.claim_interval
         if not wanted:
             return []
+        self._forget_retries(wanted)
         claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
         entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
         if entries:
             logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
         return entries
+
+    def _forget_retries(self, entry_ids):
+        if any(entry_id in entry_ids for _, entry_id, _ in self.retries):
+            self.retries = [r for r in self.retries if r[1] not in entry_ids]
+            heapq.heapify(self.retries)
 
     # -- handing to threads and collecting --------------------------------------------------
 

@@ -1,9 +1,13 @@
 """Control room 2 (issue 16): per-group dead letters, consumer liveness, why an entry is pending, retry now."""
 import pytest
+from django.contrib.admin.models import LogEntry
 
+from streams_app import keys, publish_many
 from streams_app.admin import mirror
+from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -23,3 +27,113 @@ def test_each_group_counts_its_own_dead_letters_not_the_whole_streams(staff_clie
     redis.xtrim("{jobs}:dlq", maxlen=0)
     mirror.sync_all()
     assert dict(ConsumerGroup.objects.values_list("name", "dead_letters")) == {"a": 0, "b": 0, "c": 0}
+
+
+# -- a failing entry, its consumer killed: see it, retry it now, claim it to a live consumer --------------
+
+# The back-off (300 s) and pending timeout (600 s) are far beyond the test: only the admin's actions
+# can have the entry delivered again within it. CONSUMER_TTL 1.5 s: a killed consumer is dead soon.
+SLOW_RETRIES = {"RETRY_BACKOFF": 300, "PENDING_TIMEOUT_MS": 600_000, "CLAIM_INTERVAL_MS": 200, "CONSUMER_TTL": 1.5}
+
+
+def started(redis, entry_id):
+    return redis.lrange("started:jobs:a", 0, -1).count(entry_id)
+
+
+def live_names(redis):
+    now_ms = int(redis.time()[0]) * 1000
+    return {name for name, deadline in redis.hgetall(keys.liveness_key("jobs")).items() if int(deadline) > now_ms}
+
+
+def act(client, group, name, ids, **extra):
+    url = f"{GROUPS}{group.pk}/pending/"
+    confirm = client.post(url, {"action": name, "entry": ids, **extra})
+    assert confirm.status_code == 200 and b"Are you sure?" in confirm.content, confirm.content[:2000]
+    return client.post(url, {"action": name, "entry": ids, "post": "yes", **extra}, follow=True)
+
+
+@pytest.mark.slow
+def test_an_operator_sees_why_an_entry_is_stuck_retries_it_now_and_claims_it_from_a_killed_consumer(
+        staff_client, redis, run_consumer, settings):
+    settings.STREAMS = SLOW_RETRIES
+    ensure_group(redis, "jobs", "a", start="$")
+    first = run_consumer("jobs:a", streams=SLOW_RETRIES)
+    first.wait_for_output("started", timeout=60)
+    [entry] = publish_many("jobs", [{"fail": "boom"}])
+    wait_for(lambda: redis.hget(keys.error_key("jobs", "a", entry), "error"), timeout=30, what="the failure recorded")
+    client = staff_client("streams_app.retry_pending", "streams_app.claim_pending")
+    client.get(GROUPS)  # copies the group into the mirror
+    group = ConsumerGroup.objects.get(name="a")
+    page = client.get(f"{GROUPS}{group.pk}/pending/")
+    [row] = page.context["entries"]
+    assert "RuntimeError: asked to fail: boom" in row["error"] and row["liveness"] == "alive"
+    assert 250 < row["due_in"] <= 300  # its owner retries it after the 300 s back-off
+
+    # Retry now: its live owner takes it at its next claim pass, not in 300 s.
+    done = act(client, group, "retry", [entry])
+    assert "Made due now 1 pending entry of jobs:a." in [str(m) for m in done.context["messages"]]
+    wait_for(lambda: started(redis, entry) == 2, timeout=20, what="the entry delivered again")
+    assert LogEntry.objects.filter(change_message=f"Made due now pending entry {entry}").exists()
+
+    # Its consumer is SIGKILLed: the group's page and list say so once its deadline lapses.
+    first.kill()
+    wait_for(lambda: not live_names(redis), timeout=20, what="the killed consumer's deadline to lapse")
+    mirror.sync_all()
+    assert client.get(GROUPS).context["cl"].result_list[0].live_consumers == 0
+    assert "0 alive of 1" in client.get(GROUPS).content.decode()
+    detail = client.get(f"{GROUPS}{group.pk}/change/")
+    [dead] = detail.context["consumers"]
+    assert dead.liveness == "dead" and dead.pending == 1
+
+    # A new consumer that has read nothing yet is offered as a claim target; claiming makes the entry due.
+    second = run_consumer("jobs:a", streams=SLOW_RETRIES)
+    second.wait_for_output("started", timeout=60)
+    wait_for(lambda: live_names(redis), timeout=20, what="the second consumer's deadline")
+    [name] = live_names(redis)
+    offered = client.get(f"{GROUPS}{group.pk}/pending/").context["consumers"]
+    assert [c.name for c in offered if c.claimable] == [name]
+    assert f'<option value="{name}">{name} (alive, new to the group)</option>' in client.get(
+        f"{GROUPS}{group.pk}/pending/").content.decode()
+    done = act(client, group, "claim", [entry], consumer=name)
+    assert "Claimed 1 pending entry of jobs:a." in [str(m) for m in done.context["messages"]]
+    wait_for(lambda: started(redis, entry) == 3, timeout=20, what="the claimed entry delivered")
+    assert redis.xpending_range("jobs", "a", entry, entry, 1)[0]["consumer"] == name
+
+
+def test_the_pending_page_filters_by_owner_idle_and_deliveries_and_refuses_ids_past_64_bits(staff_client, redis):
+    ids = pending(redis, "jobs", "a", [{"n": n} for n in range(3)], consumer="c1")
+    ids += pending(redis, "jobs", "a", [{"n": n} for n in range(3, 5)], consumer="c2")
+    redis.xclaim("jobs", "a", "c1", 0, [ids[0]], idle=200_000, retrycount=5, justid=True)
+    redis.xclaim("jobs", "a", "c2", 0, [ids[4]], retrycount=3, justid=True)
+    client = staff_client("streams_app.retry_pending")
+    client.get(GROUPS)
+    url = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
+
+    def shown(**params):
+        return [e["id"] for e in client.get(url, params).context["entries"]]
+
+    assert shown() == ids
+    assert shown(consumer="c2") == ids[3:]
+    assert shown(min_idle="100") == ids[:1]
+    assert shown(min_deliveries="3") == [ids[0], ids[4]]
+    assert shown(consumer="c2", min_deliveries="3") == ids[4:]
+    page = client.get(url, {"min_idle": "soon"})
+    assert [e["id"] for e in page.context["entries"]] == ids
+    assert any("min_idle='soon' is not a number" in str(m) for m in page.context["messages"])
+    # Each part of an id is a 64-bit integer in Redis: one past it is a 404, like any malformed id.
+    assert client.get(url, {"after": f"{2**64}-0"}).status_code == 404
+    assert client.post(url, {"action": "retry", "entry": [f"{2**64}-0"], "post": "yes"}).status_code == 404
+    assert client.post(url, {"action": "retry", "entry": [f"1-{2**64}"]}).status_code == 404
+
+
+def test_retry_now_needs_its_permission_and_claim_makes_entries_due_instead_of_resetting_them(staff_client, redis):
+    [entry] = pending(redis, "jobs", "a", [{"n": 1}], consumer="c1")
+    redis.xgroup_createconsumer("jobs", "a", "c2")
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    url = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
+    assert client.post(url, {"action": "retry", "entry": [entry], "post": "yes"}).status_code == 403
+    assert client.post(url, {"action": "claim", "entry": [entry], "consumer": "c2", "post": "yes"}).status_code == 302
+    [row] = redis.xpending_range("jobs", "a", entry, entry, 1)
+    # Past the pending timeout (30 s): the next claim pass takes it. A plain XCLAIM would set 0.
+    assert row["consumer"] == "c2" and row["time_since_delivered"] > 30_000 and row["times_delivered"] == 1
