@@ -27,6 +27,19 @@ def env_bool(name, default=False):
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off.")
 
 
+def env_int(name, default=0):
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number of 0 or more.")
+    return value
+
+
 def env_list(name, default=()):
     raw = os.environ.get(name)
     if raw is None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from project.env import database_from_url, env_bool, env_list
+from project.env import database_from_url, env_bool, env_int, env_list
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SHOAL_VAR_DIR", BASE_DIR / "var"))
@@ -22,6 +22,23 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+# HTTPS (docs/serving.md). Behind a TLS-terminating proxy, Django must be told the request was https,
+# or a login through it fails the CSRF origin check (403): trust the proxy's X-Forwarded-Proto, and
+# list the public origins. Cookies are secure unless DEBUG; redirects and HSTS are opt-in, since
+# HSTS cannot be taken back by the server.
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Probes and metrics scrapes come over plain HTTP inside the cluster (/healthz and /readyz answer
+# before SecurityMiddleware anyway).
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -49,6 +66,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "project.csp.AdminContentSecurityPolicyMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 

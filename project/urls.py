@@ -2,10 +2,17 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import path
+from django.views.generic import RedirectView
 
 from project.metrics_view import metrics
 
+admin.site.site_header = "Shoal control room"
+admin.site.site_title = "Shoal control room"
+admin.site.index_title = "Streams, consumer groups, dead letters and services"
+admin.site.site_url = None  # Shoal has no site besides the admin: no "View site" link to a 404
+
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
     path("admin/", admin.site.urls),
     path("metrics", metrics, name="metrics"),
 ]

@@ -52,7 +52,7 @@ def test_every_check_id_is_documented():
 
 def test_every_environment_variable_of_the_settings_is_documented():
     source = (ROOT / "project/settings.py").read_text() + (ROOT / "project/devrun.py").read_text()
-    names = set(re.findall(r'(?:environ\.get|environ\[|env_bool|env_list)\(?\s*"([A-Z_]+)"', source))
+    names = set(re.findall(r'(?:environ\.get|environ\[|env_bool|env_int|env_list)\(?\s*"([A-Z_]+)"', source))
     assert {"LOG_LEVEL", "SHOAL_VAR_DIR", "SHOAL_DEMO", "SHOAL_INSECURE_DEV_KEY"} <= names
     documented = DOC + (ROOT / "docs" / "serving.md").read_text()
     assert [n for n in sorted(names) if f"`{n}`" not in documented] == []

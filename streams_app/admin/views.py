@@ -7,6 +7,7 @@ import json
 
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -35,6 +36,8 @@ def replay_edited(model_admin, request, object_id):
     """
     letter = model_admin.get_object_or_404(request, object_id)
     model_admin.require(request, "replay")
+    if not model_admin.has_view_permission(request, letter):
+        raise PermissionDenied  # the form shows the payload and error: replaying does not grant reading
     changelist = reverse("admin:streams_app_deadletter_changelist")
     text = request.POST.get("payload") if request.method == "POST" else None
     types_text = request.POST.get("payload_types", "") if request.method == "POST" else None

@@ -1,11 +1,14 @@
 """Control room 2 (issue 16): per-group dead letters, consumer liveness, why an entry is pending, retry now."""
+import json
+
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
 
 from streams_app import keys, publish_many
 from streams_app.admin import mirror
 from streams_app.consuming.groups import ensure_group
-from streams_app.models import ConsumerGroup
+from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
 from tests.waiting import wait_for
 
@@ -137,3 +140,40 @@ def test_retry_now_needs_its_permission_and_claim_makes_entries_due_instead_of_r
     [row] = redis.xpending_range("jobs", "a", entry, entry, 1)
     # Past the pending timeout (30 s): the next claim pass takes it. A plain XCLAIM would set 0.
     assert row["consumer"] == "c2" and row["time_since_delivered"] > 30_000 and row["times_delivered"] == 1
+
+
+# -- production hardening ----------------------------------------------------------------------------
+
+def test_the_replay_permission_alone_does_not_show_a_dead_letters_payload(client, redis):
+    [entry] = dead_letter(redis, [{"card": "4111-secret"}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=entry).pk
+    user = User.objects.create_user("replayer", password="x", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="replay_deadletter"))
+    client.force_login(user)
+    page = client.get(f"/admin/streams_app/deadletter/{pk}/replay/")
+    assert page.status_code == 403 and b"4111-secret" not in page.content
+    assert client.post(f"/admin/streams_app/deadletter/{pk}/replay/", {"payload": "{}", "post": "yes"}).status_code == 403
+    assert redis.xlen("{jobs}:dlq") == 1
+
+
+def test_an_edited_replay_obeys_publishs_payload_limits(staff_client, redis, settings):
+    [entry] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    url = f"/admin/streams_app/deadletter/{DeadLetter.objects.get(entry_id=entry).pk}/replay/"
+    client = staff_client("streams_app.replay_deadletter")
+    settings.STREAMS = {"MAX_PAYLOAD_BYTES": 1024}
+    for payload, why in [(json.dumps({"blob": "x" * 2048}), "over the limit of 1024"), ('{"n": NaN}', "NaN")]:
+        for extra in ({}, {"post": "yes"}):  # refused at the form and at the confirmed post alike
+            page = client.post(url, {"payload": payload, "payload_types": "", **extra})
+            assert page.status_code == 400 and why in page.context["error"], (payload[:20], extra)
+    assert redis.xlen("{jobs}:dlq") == 1 and redis.xlen("jobs") == 1
+
+
+def test_the_admin_says_shoal_control_room_has_no_view_site_link_and_a_content_security_policy(staff_client, redis):
+    client = staff_client()
+    page = client.get("/admin/")
+    html = page.content.decode()
+    assert "Shoal control room" in html and "View site" not in html
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    assert client.get("/").url == "/admin/"
