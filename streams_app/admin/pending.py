@@ -39,6 +39,8 @@ from streams_app.registry import registered
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120
 SCAN_LIMIT = 5000  # entries one page looks through for a minimum delivery count
+BULK_BATCH = 500  # pending entries per XPENDING read and per action call of a bulk action
+CONFIRM_LISTED = 100
 PENDING_ACTIONS = {
     # name: (permission, label, verb for messages)
     "retry": ("retry", "Retry now", "Made due now"),
@@ -70,6 +72,13 @@ class Filters:
     def query(self):
         return {k: v for k, v in (("consumer", self.consumer), ("min_idle", f"{self.min_idle:g}" if self.min_idle else ""),
                                   ("min_deliveries", self.min_deliveries or "")) if v}
+
+
+def describe(filters):
+    parts = [f"owner {filters.consumer}"] if filters.consumer else []
+    parts += [f"idle at least {filters.min_idle:g} s"] if filters.min_idle else []
+    parts += [f"at least {filters.min_deliveries} deliveries"] if filters.min_deliveries else []
+    return ", ".join(parts)
 
 
 def parse_filters(params):
@@ -233,13 +242,33 @@ def pending_entries(model_admin, request, object_id):
     return TemplateResponse(request, "admin/streams_app/consumergroup/pending.html", context)
 
 
+def matching(conn, stream, group, filters, batch=BULK_BATCH):
+    """Every pending entry matching ``filters``, oldest first, as XPENDING rows in batches: what a
+    bulk action works through on the server, page after page, however many there are."""
+    extra = {}
+    if filters.consumer:
+        extra["consumername"] = filters.consumer
+    if filters.min_idle:
+        extra["idle"] = int(filters.min_idle * 1000)
+    start = "-"
+    while True:
+        rows = conn.xpending_range(stream, group, min=start, max="+", count=batch, **extra)
+        chosen = [r for r in rows if r["times_delivered"] >= filters.min_deliveries]
+        if chosen:
+            yield chosen
+        if len(rows) < batch:
+            return
+        start = "(" + _text(rows[-1]["message_id"])
+
+
 def _pending_action(model_admin, request, group, allowed):
     action = request.POST.get("action", "")
     if action not in PENDING_ACTIONS:
         raise Http404("no such action")
     if action not in allowed:
         raise PermissionDenied
-    ids = check_entry_ids(request.POST.getlist("entry"))
+    across = request.POST.get("select_across") == "1"
+    ids = [] if across else check_entry_ids(request.POST.getlist("entry"))
     stream = group.stream.name
     target = request.POST.get("consumer", "")
     back = request.get_full_path()
@@ -261,11 +290,32 @@ def _pending_action(model_admin, request, group, allowed):
             "deadletter": "The entries leave the group's pending list and go to the dead-letter stream, from where "
                           "they can be replayed.",
         }[action]
+        if across:
+            filters, _ = parse_filters(request.GET)
+            found = [_text(r["message_id"]) for rows in matching(conn, stream, group.name, filters, batch=1000)
+                     for r in rows]
+            if not found:
+                model_admin.message_user(request, "No pending entry matches the filter: nothing to do.", messages.WARNING)
+                return HttpResponseRedirect(back)
+            warning += (" Every entry matching the filter when you confirm is included, across all pages"
+                        f"{' (' + describe(filters) + ')' if filters.active else ''}; the count below is as of now.")
+            return confirmation(request, model_admin, title=f"{PENDING_ACTIONS[action][1]}: {group}", action=action,
+                                items=[f"{stream} {i}" for i in found[:CONFIRM_LISTED]], warning=warning,
+                                hidden={"consumer": target} if target else None, select_across=True,
+                                count=len(found), form_action=back, id_field="entry")
         return confirmation(request, model_admin, title=f"{PENDING_ACTIONS[action][1]}: {group}", action=action,
                             items=[f"{stream} {i}" for i in ids], warning=warning,
                             hidden={"consumer": target} if target else None,
                             ids=ids, form_action=back, id_field="entry")
-    done = _apply(conn, request, stream, group.name, action, ids, target)
+    if across:
+        filters, _ = parse_filters(request.GET)
+        done = []
+        for rows in matching(conn, stream, group.name, filters):
+            done += _act(conn, request, stream, group.name, action,
+                         {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+        ids = done
+    else:
+        done = _apply(conn, request, stream, group.name, action, ids, target)
     gone = len(ids) - len(done)
     verb = PENDING_ACTIONS[action][2]
     log_actions(request, type(group), [(group.pk, f"{group} {i}", f"{verb} pending entry {i}" +
@@ -287,9 +337,12 @@ def _apply(conn, request, stream, group, action, ids, target):
     for entry_id in ids:
         pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
     owners = {i: _text(rows[0]["consumer"]) for i, rows in zip(ids, pipe.execute()) if rows}
+    return _act(conn, request, stream, group, action, owners, target) if owners else []
+
+
+def _act(conn, request, stream, group, action, owners, target):
+    """Do ``action`` on pending entries (id -> owner); return the ids it was done to."""
     still = list(owners)
-    if not still:
-        return []
     if action == "ack":
         conn.xack(stream, group, *still)
         return still

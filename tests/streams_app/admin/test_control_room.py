@@ -177,3 +177,27 @@ def test_the_admin_says_shoal_control_room_has_no_view_site_link_and_a_content_s
     assert "Shoal control room" in html and "View site" not in html
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
     assert client.get("/").url == "/admin/"
+
+
+def test_bulk_actions_work_through_every_matching_entry_on_the_server_not_the_pages_form(staff_client, redis):
+    held = pending(redis, "jobs", "a", [{"n": n} for n in range(1200)], consumer="c1")
+    others = pending(redis, "jobs", "a", [{"n": n} for n in range(5)], consumer="c2")
+    redis.xclaim("jobs", "a", "c1", 0, held[:700], idle=200_000, justid=True)
+    redis.xclaim("jobs", "a", "c2", 0, others[:2], idle=200_000, justid=True)
+    client = staff_client("streams_app.ack_pending", "streams_app.retry_pending")
+    client.get(GROUPS)
+    url = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/?consumer=c1&min_idle=100"
+    assert len(client.get(url).context["entries"]) == 50  # one page of the 700 shown
+    confirm = client.post(url, {"action": "ack", "select_across": "1"})
+    assert confirm.status_code == 200 and confirm.context["count"] == 700
+    assert b"owner c1, idle at least 100 s" in confirm.content and redis.xpending("jobs", "a")["pending"] == 1205
+    done = client.post(url, {"action": "ack", "select_across": "1", "post": "yes"}, follow=True)
+    assert "Acknowledged 700 pending entries of jobs:a." in [str(m) for m in done.context["messages"]]
+    left = {r["message_id"] for r in redis.xpending_range("jobs", "a", "-", "+", 2000)}
+    assert left == set(held[700:]) | set(others)  # c2's idle ones and c1's fresh ones untouched
+    assert LogEntry.objects.filter(change_message__startswith="Acknowledged pending entry").count() == 700
+
+    everything = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
+    client.post(everything, {"action": "retry", "select_across": "1", "post": "yes"})
+    rows = redis.xpending_range("jobs", "a", "-", "+", 2000)
+    assert len(rows) == 505 and all(r["time_since_delivered"] > 30_000 for r in rows)
