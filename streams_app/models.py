@@ -141,6 +141,38 @@ class DeadLetter(models.Model):
         return f"{self.stream} {self.entry_id}"
 
 
+class ReplayJob(models.Model):
+    """Replay every dead letter of one group, in the background (streams_app/deadletters/jobs.py).
+
+    Queued from the admin; the reclaim daemon runs it (one job per pass), reading the dead-letter
+    stream in Redis batch by batch, and records its progress here for the admin to show.
+    """
+
+    QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+
+    stream = models.CharField(max_length=200)
+    group = models.CharField(max_length=200)
+    requested_by = models.CharField(max_length=150, blank=True)
+    state = models.CharField(max_length=10, default=QUEUED, db_index=True,
+                             choices=[(s, s) for s in (QUEUED, RUNNING, DONE, FAILED)])
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True)
+    heartbeat_at = models.DateTimeField(null=True, help_text="Renewed with each batch; a stale one is taken over.")
+    finished_at = models.DateTimeField(null=True)
+    scanned = models.BigIntegerField(default=0, help_text="Dead letters of the stream looked at so far.")
+    total = models.BigIntegerField(default=0, help_text="Dead letters in the stream when the run started.")
+    replayed = models.BigIntegerField(default=0)
+    skipped = models.BigIntegerField(default=0, help_text="Gone meanwhile (replayed or deleted by someone else), or too wide.")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        default_permissions = ("view",)
+
+    def __str__(self):
+        return f"replay of {self.stream}:{self.group} dead letters ({self.state})"
+
+
 class MirrorState(models.Model):
     """When a mirror was last synced, and the error if the last attempt failed: pages show both."""
 

@@ -124,6 +124,7 @@ class Reclaimer:
         except DatabaseError as exc:
             report.errors.append(f"snapshots: {exc}")
             logger.warning("Reclaimer: could not store snapshots (%s); dead-lettering and trimming go on", exc)
+        self.run_replay_job(report)
         self._reported &= set(report.errors)  # a problem that went away is logged again if it comes back
         if not report.unreachable and self.down_since is not None:
             logger.warning("Reclaimer: Redis reachable again after %.0fs; passes go on", time.monotonic() - self.down_since)
@@ -262,6 +263,18 @@ class Reclaimer:
         else:
             if state.error:
                 report.errors.append(f"mirror: {state.error}")
+
+    def run_replay_job(self, report):
+        """Run the oldest replay job queued from the admin (streams_app/deadletters/jobs.py), if any."""
+        from streams_app.deadletters import jobs
+
+        try:
+            jobs.run_next(self.conn)
+        except TRANSIENT_ERRORS as exc:
+            self.unreachable(report, "replaying dead letters", exc)
+        except DatabaseError as exc:
+            report.errors.append(f"replay job: {exc}")
+            logger.warning("Reclaimer: could not run a replay job (%s); the next pass tries again", exc)
 
     def snapshot(self, now, report):
         """Set the gauges every pass; store a GroupSnapshot row per group once per SNAPSHOT_INTERVAL.

@@ -173,8 +173,15 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         return [
             path("logical-pending/", view(self.logical_pending_view), name="streams_app_consumergroup_logical_pending"),
             path("<path:object_id>/pending/", view(self.pending_view), name="streams_app_consumergroup_pending"),
+            path("<path:object_id>/replay-dead-letters/", view(self.replay_all_view),
+                 name="streams_app_consumergroup_replay_all"),
             *super().get_urls(),
         ]
+
+    def replay_all_view(self, request, object_id):
+        from streams_app.admin.replay_jobs import replay_all
+
+        return replay_all(self, request, self.get_object_or_404(request, object_id))
 
     @redis_unreachable_is_a_message
     def logical_pending_view(self, request):
@@ -199,6 +206,8 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             "hours": hours,
             "hour_choices": CHART_HOURS,
             "pending_url": reverse("admin:streams_app_consumergroup_pending", args=[group.pk]),
+            "replay_all_url": reverse("admin:streams_app_consumergroup_replay_all", args=[group.pk])
+            if request.user.has_perm("streams_app.replay_deadletter") and group.dead_letters else "",
             "dead_letters_url": reverse("admin:streams_app_deadletter_changelist")
             + "?" + urlencode({"stream": group.stream.name, "group": group.name}),
         }

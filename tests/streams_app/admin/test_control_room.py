@@ -201,3 +201,36 @@ def test_bulk_actions_work_through_every_matching_entry_on_the_server_not_the_pa
     client.post(everything, {"action": "retry", "select_across": "1", "post": "yes"})
     rows = redis.xpending_range("jobs", "a", "-", "+", 2000)
     assert len(rows) == 505 and all(r["time_since_delivered"] > 30_000 for r in rows)
+
+
+def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its_progress_shown(staff_client, redis):
+    from streams_app.conf import get_settings
+    from streams_app.connection import get_connection
+    from streams_app.models import ReplayJob
+    from streams_app.reclaim import Reclaimer
+    from streams_app.registry import select
+
+    dead_letter(redis, [{"n": n} for n in range(1200)], group="a")
+    dead_letter(redis, [{"n": n} for n in range(3)], group="b")
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/replay-dead-letters/"
+    assert url in client.get(f"{GROUPS}{group.pk}/change/").content.decode()
+    confirm = client.get(url)
+    assert b"Are you sure?" in confirm.content and not ReplayJob.objects.exists()
+    queued = client.post(url, {"action": "replay_all", "post": "yes"}, follow=True)
+    job = ReplayJob.objects.get()
+    assert (job.stream, job.group, job.state) == ("jobs", "a", "queued")
+    assert "waiting for the reclaim daemon" in queued.content.decode()
+    assert redis.xlen("{jobs}:dlq") == 1203  # nothing replayed inside the request
+    assert LogEntry.objects.filter(change_message__contains=f"(replay job {job.pk})").exists()
+
+    Reclaimer(select(["jobs:a"]), conn=get_connection(), config=get_settings()).tick()
+    job.refresh_from_db()
+    assert (job.state, job.replayed, job.scanned, job.total) == ("done", 1200, 1203, 1203)
+    assert redis.xlen("{jobs}:dlq") == 3  # group b's stay
+    page = client.get(f"/admin/streams_app/replayjob/{job.pk}/change/").content.decode()
+    assert "1203 of 1203 dead letters looked at (100%)" in page and 'http-equiv="refresh"' not in page
+    # Only the replay permission may queue one.
+    assert staff_client().post(url, {"action": "replay_all", "post": "yes"}).status_code == 403

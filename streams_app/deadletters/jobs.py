@@ -1,0 +1,72 @@
+"""Background replays: every dead letter of a group, run by the reclaim daemon, not in a web request.
+
+A replay of 100,000 letters takes longer than any HTTP request may. The admin queues a ReplayJob;
+each reclaim pass runs the oldest queued one (``run_next``) with ``replay(all=True)``, which reads
+the dead-letter stream in batches and removes each letter it replays, recording progress after every
+batch. A job whose runner died (no heartbeat for STALE_AFTER) is taken over by the next pass:
+replaying again is safe, since what was replayed left the dead-letter stream.
+"""
+import logging
+from datetime import timedelta
+
+import redis
+from django.utils import timezone
+
+from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.deadletters.replay import replay
+from streams_app.exceptions import ReplayError
+
+logger = logging.getLogger("streams_app.reclaim")
+
+STALE_AFTER = timedelta(minutes=2)
+
+
+def queue(stream, group, requested_by=""):
+    from streams_app.models import ReplayJob
+
+    return ReplayJob.objects.create(stream=stream, group=group, requested_by=requested_by)
+
+
+def _claim(now):
+    """The oldest job to run now, marked running by this process (one UPDATE: two daemons never share one)."""
+    from django.db.models import Q
+
+    from streams_app.models import ReplayJob
+
+    ready = Q(state=ReplayJob.QUEUED) | Q(state=ReplayJob.RUNNING, heartbeat_at__lt=now - STALE_AFTER)
+    for job in ReplayJob.objects.filter(ready).order_by("created_at", "id")[:5]:
+        taken = ReplayJob.objects.filter(ready, pk=job.pk).update(state=ReplayJob.RUNNING, heartbeat_at=now,
+                                                                  started_at=job.started_at or now)
+        if taken:
+            job.refresh_from_db()
+            return job
+    return None
+
+
+def run_next(conn, now=None):
+    """Run the oldest queued replay job to its end; None when there is none. Redis errors are raised
+    after the job is queued again (the next pass goes on with it)."""
+    from streams_app.models import ReplayJob
+
+    job = _claim(now or timezone.now())
+    if job is None:
+        return None
+
+    def progress(scanned, total):
+        ReplayJob.objects.filter(pk=job.pk).update(scanned=scanned, total=total, heartbeat_at=timezone.now())
+
+    logger.info("Reclaimer: replaying the dead letters of %s:%s (job %s)", job.stream, job.group, job.pk)
+    try:
+        result = replay(job.stream, job.group, all=True, conn=conn, progress=progress)
+    except (ReplayError, redis.ResponseError) as exc:
+        ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.FAILED, error=str(exc), finished_at=timezone.now())
+        return job
+    except TRANSIENT_ERRORS as exc:
+        ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.QUEUED, error=f"interrupted ({exc}); goes on")
+        raise
+    ReplayJob.objects.filter(pk=job.pk).update(
+        state=ReplayJob.DONE, finished_at=timezone.now(), error="",
+        replayed=job.replayed + len(result.replayed), skipped=job.skipped + len(result.skipped))
+    job.refresh_from_db()
+    logger.info("Reclaimer: replayed %d dead letters of %s:%s (job %s)", job.replayed, job.stream, job.group, job.pk)
+    return job
