@@ -165,3 +165,46 @@ def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_re
         DOCS.mkdir(exist_ok=True)
         for shot in shots.glob("admin-*.png"):
             shutil.copy(shot, DOCS / shot.name)
+
+
+OVERLAP = """([a, b]) => {
+  const r = document.querySelector(a).getBoundingClientRect(), s = document.querySelector(b).getBoundingClientRect();
+  return r.left < s.right && s.left < r.right && r.top < s.bottom && s.top < r.bottom;
+}"""
+
+
+def test_with_redis_frozen_the_outage_banner_leaves_the_buttons_uncovered(browser, live_server, redis_factory, use_redis):
+    import signal
+
+    from streams_app.admin import mirror
+    from streams_app.models import ConsumerGroup
+    from tests.streams_app.admin.fixtures import dead_letter
+
+    server = redis_factory()
+    use_redis(server)
+    dead_letter(server.client(), [{"n": 1}])
+    mirror.sync_all()
+    group = ConsumerGroup.objects.get(name="a")
+    user = operator(live_server)
+    page = browser.new_page(viewport={"width": 1200, "height": 800})
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", "correct horse battery")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#shoal-summary")
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        for url, button in [(f"/admin/streams_app/consumergroup/{group.pk}/change/", "ul.object-tools a"),
+                            ("/admin/streams_app/consumergroup/", "#changelist-search input[type=submit]"),
+                            ("/admin/streams_app/deadletter/", "#changelist-search input[type=submit]")]:
+            started = time.monotonic()
+            page.goto(live_server.url + url)
+            page.wait_for_selector("p.shoal-mirror.errornote")
+            assert time.monotonic() - started < 10, url
+            assert not page.evaluate(OVERLAP, ["p.shoal-mirror", button]), f"{url}: the banner covers {button}"
+            box = page.locator(button).first.bounding_box()
+            hit = page.evaluate("([x, y]) => document.elementFromPoint(x, y).outerHTML",
+                                [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2])
+            assert hit == page.locator(button).first.evaluate("e => e.outerHTML"), f"{url}: {hit[:200]}"
+    finally:
+        server.process.send_signal(signal.SIGCONT)
