@@ -43,17 +43,35 @@ def _nice_max(value):
     return 10 * step
 
 
+def _integer_step(value):
+    """The tick step of a count axis with four steps up to at least ``value``: 1, 2, 5 times a power of ten."""
+    needed = max(1, -(-int(value) // 4))
+    step = 1
+    while True:
+        for factor in (1, 2, 5):
+            if factor * step >= needed:
+                return factor * step
+        step *= 10
+
+
+def _time_format(span_seconds):
+    if span_seconds > 24 * 3600:
+        return "%a %H:%M"  # a week: the day too, or Monday's 10:00 reads as Tuesday's
+    return "%H:%M" if span_seconds >= 4 * 60 else "%H:%M:%S"
+
+
 def _number(value):
     return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
 
 
-def panel(title, series, start, end, y0):
-    """SVG elements of one panel whose top is at ``y0``."""
+def panel(title, series, start, end, y0, counts=True):
+    """SVG elements of one panel whose top is at ``y0``; ``counts``: whole-number ticks (entries, letters)."""
     plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
     plot_h = PANEL_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
     top = y0 + MARGIN_TOP
     span = max(1.0, (end - start).total_seconds())
-    peak = _nice_max(max((v for points in series.values() for _, v in points), default=0))
+    highest = max((v for points in series.values() for _, v in points), default=0)
+    peak = 4 * _integer_step(highest) if counts else _nice_max(highest)
 
     def x(t):
         return MARGIN_LEFT + plot_w * (t - start).total_seconds() / span
@@ -66,9 +84,14 @@ def panel(title, series, start, end, y0):
         value = peak * i / 4
         parts.append(f'<line x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" class="grid"/>')
         parts.append(f'<text x="{MARGIN_LEFT - 6}" y="{y(value) + 4:.1f}" class="axis" text-anchor="end">{_number(value)}</text>')
+    fmt, shown_labels = _time_format(span), set()
     for i in range(5):
         at = start + (end - start) * i / 4
-        parts.append(f'<text x="{x(at):.1f}" y="{top + plot_h + 16}" class="axis" text-anchor="middle">{at:%H:%M}</text>')
+        label = at.strftime(fmt)
+        if label in shown_labels:
+            continue  # a short span: the same minute twice says nothing
+        shown_labels.add(label)
+        parts.append(f'<text x="{x(at):.1f}" y="{top + plot_h + 16}" class="axis time" text-anchor="middle">{label}</text>')
     for n, (name, points) in enumerate(series.items()):
         color = COLORS.get(name, "#495057")
         legend_y = top + 14 * n + 6
@@ -98,7 +121,7 @@ def group_chart(stream, group, hours=6, now=None):
     data = series_from(snapshots)
     start = max(start, snapshots[0].taken_at - timedelta(minutes=1))
     parts = panel("Backlog", {k: data[k] for k in ("lag", "pending")}, start, end, 0)
-    parts += panel("Throughput", {"acked / min": data["acked / min"]}, start, end, PANEL_HEIGHT)
+    parts += panel("Throughput", {"acked / min": data["acked / min"]}, start, end, PANEL_HEIGHT, counts=False)
     parts += panel("Dead letters", {"dead letters": data["dead letters"]}, start, end, 2 * PANEL_HEIGHT)
     height = 3 * PANEL_HEIGHT
     style = ("<style>.title{font:bold 13px sans-serif;fill:#333}.axis{font:11px sans-serif;fill:#666}"

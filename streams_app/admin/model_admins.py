@@ -319,6 +319,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         letter = self.get_object_or_404(request, object_id)
         context = {
             "can_replay": self.has_replay_permission(request),
+            "can_delete": self.has_delete_deadletter_permission(request),
             "replay_url": reverse("admin:streams_app_deadletter_replay", args=[letter.pk]),
         }
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})

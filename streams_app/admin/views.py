@@ -22,6 +22,9 @@ from streams_app.codec import apply_types
 from streams_app.deadletters.replay import JSON_NULL, replay
 
 
+AUDIT_PAYLOAD = 2000  # characters of an edited payload kept in its LogEntry
+
+
 def _text(value):
     # Entries come from any producer: bytes that are not UTF-8 are shown escaped (\\xNN), never a 500.
     return to_text(value, errors="backslashreplace")
@@ -124,8 +127,12 @@ def _do_replay_edited(model_admin, request, letter, payload, changelist):
     [(_, new_id)] = result.replayed
     from streams_app.models import DeadLetter
 
+    # The audit keeps what was sent (the letter itself leaves the dead-letter stream).
+    sent = json.dumps(payload, ensure_ascii=False, sort_keys=True, default=str)
+    sent = sent if len(sent) <= AUDIT_PAYLOAD else sent[:AUDIT_PAYLOAD] + "…"
     log_actions(request, DeadLetter, [(letter_pk, letter_repr, f"Replayed with an edited payload to group "
-                                                               f"{letter.group} of {letter.stream} as entry {new_id}")], CHANGE)
+                                                               f"{letter.group} of {letter.stream} as entry {new_id}; "
+                                                               f"payload: {sent}")], CHANGE)
     model_admin.message_user(request, f"Replayed {letter.entry_id} with the edited payload to group {letter.group} "
                                       f"as entry {new_id}.", messages.SUCCESS)
     mirror.try_sync(web_connection())

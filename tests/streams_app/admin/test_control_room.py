@@ -234,3 +234,46 @@ def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its
     assert "1203 of 1203 dead letters looked at (100%)" in page and 'http-equiv="refresh"' not in page
     # Only the replay permission may queue one.
     assert staff_client().post(url, {"action": "replay_all", "post": "yes"}).status_code == 403
+
+
+def test_chart_axes_have_whole_number_ticks_for_counts_and_no_repeated_times(db):
+    import re
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from streams_app.admin.charts import group_chart
+    from streams_app.models import GroupSnapshot
+
+    now = timezone.now()
+    GroupSnapshot.objects.bulk_create([
+        GroupSnapshot(stream="jobs", group="a", taken_at=now - timedelta(seconds=s), lag=3, pending=1, consumers=1,
+                      dead_letters=1, entries_read=10) for s in (90, 60, 30)
+    ])
+    svg = group_chart("jobs", "a", hours=1, now=now)
+    panels = dict(re.findall(r'class="title">([^<]+)</text>(.*?)(?=class="title">|</svg>)', svg))
+    assert set(panels) == {"Backlog", "Throughput", "Dead letters"}
+    for title in ("Backlog", "Dead letters"):  # counts: no 0.2 of a dead letter (throughput is a rate)
+        ticks = re.findall(r'class="axis" text-anchor="end">([^<]+)<', panels[title])
+        assert ticks and all(t.replace(",", "").isdigit() for t in ticks), (title, ticks)
+    for body in panels.values():
+        times = re.findall(r'class="axis time" text-anchor="middle">([^<]+)<', body)
+        assert times and len(times) == len(set(times)), times
+
+
+def test_a_dead_letters_page_has_replay_and_delete_buttons_and_an_edited_replay_audits_its_payload(staff_client, redis):
+    first, second = dead_letter(redis, [{"n": 1}, {"n": 2}])
+    mirror.sync_all()
+    one, two = (DeadLetter.objects.get(entry_id=i).pk for i in (first, second))
+    client = staff_client("streams_app.replay_deadletter")
+    html = client.get(f"/admin/streams_app/deadletter/{one}/change/").content.decode()
+    assert 'value="replay_selected"' in html and 'value="delete_selected_dead_letters"' not in html
+    form = {"_selected_action": str(one), "index": "0", "action": "replay_selected"}
+    confirm = client.post("/admin/streams_app/deadletter/", form)
+    assert b"Are you sure?" in confirm.content and redis.xlen("{jobs}:dlq") == 2
+    client.post("/admin/streams_app/deadletter/", {**form, "post": "yes"})
+    assert [i for i, _ in redis.xrange("{jobs}:dlq")] == [second]
+
+    client.post(f"/admin/streams_app/deadletter/{two}/replay/", {"payload": '{"n": 20}', "payload_types": "", "post": "yes"})
+    log = LogEntry.objects.get(object_id=str(two))
+    assert log.change_message.endswith('payload: {"n": 20}')
