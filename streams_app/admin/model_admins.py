@@ -172,11 +172,17 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         view = self.admin_site.admin_view
         return [
             path("logical-pending/", view(self.logical_pending_view), name="streams_app_consumergroup_logical_pending"),
+            path("find/", view(self.find_view), name="streams_app_consumergroup_find"),
             path("<path:object_id>/pending/", view(self.pending_view), name="streams_app_consumergroup_pending"),
             path("<path:object_id>/replay-dead-letters/", view(self.replay_all_view),
                  name="streams_app_consumergroup_replay_all"),
             *super().get_urls(),
         ]
+
+    def find_view(self, request):
+        from streams_app.admin.lookup import find_message
+
+        return find_message(self, request)
 
     def replay_all_view(self, request, object_id):
         from streams_app.admin.replay_jobs import replay_all
@@ -206,6 +212,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             "hours": hours,
             "hour_choices": CHART_HOURS,
             "pending_url": reverse("admin:streams_app_consumergroup_pending", args=[group.pk]),
+            "find_url": reverse("admin:streams_app_consumergroup_find") + "?" + urlencode({"stream": group.stream.name}),
             "replay_all_url": reverse("admin:streams_app_consumergroup_replay_all", args=[group.pk])
             if request.user.has_perm("streams_app.replay_deadletter") and group.dead_letters else "",
             "dead_letters_url": reverse("admin:streams_app_deadletter_changelist")

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
-from streams_app import keys, publish_many
+from streams_app import keys, publish, publish_many
 from streams_app.admin import mirror
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter
@@ -277,3 +277,37 @@ def test_a_dead_letters_page_has_replay_and_delete_buttons_and_an_edited_replay_
     client.post(f"/admin/streams_app/deadletter/{two}/replay/", {"payload": '{"n": 20}', "payload_types": "", "post": "yes"})
     log = LogEntry.objects.get(object_id=str(two))
     assert log.change_message.endswith('payload: {"n": 20}')
+
+
+def test_find_a_message_shows_where_it_is_in_every_group(staff_client, redis):
+    from streams_app.deadletters import store as deadletters
+    from streams_app.deadletters.replay import replay
+
+    for group in ("a", "b", "c"):
+        ensure_group(redis, "jobs", group, start="$")
+    first, second = publish_many("jobs", [{"n": 1}, {"n": 2}])
+    third = publish("jobs", {"n": 3}, key="order-3")
+    redis.xreadgroup("a", "w1", {"jobs": ">"})
+    redis.xack("jobs", "a", first, third)
+    redis.xreadgroup("b", "w2", {"jobs": ">"}, count=1)
+    deadletters.record_errors(redis, "jobs", "b", "w2", [(first, "KeyError: 'sku'", "")], ttl=60)
+    deadletters.move(redis, "jobs", "a", [(second, "ValueError: bad", "")])
+    [letter] = [i for i, _ in redis.xrange("{jobs}:dlq")]
+    client = staff_client()
+    client.get(GROUPS)
+    page = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": first})
+    [found] = page.context["results"]
+    states = {p.group: (p.state, p.detail) for p in found.places}
+    assert states["a"][0] == "handled" and states["c"][0] == "not yet delivered"
+    assert states["b"][0] == "pending" and "owner w2" in states["b"][1] and "KeyError: 'sku'" in states["b"][1]
+
+    [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": second}).context["results"]
+    assert found.places[0].state == "dead-lettered" and letter in found.places[0].detail
+    [(_, new_id)] = replay("jobs", "a", ids=[letter]).replayed
+    [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": second}).context["results"]
+    assert (found.places[0].state, found.places[0].detail) == ("replayed", f"as entry {new_id}")
+
+    # By message key: the newest entries carrying it.
+    [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": "order-3"}).context["results"]
+    assert found.entry_id == third and [p.state for p in found.places] == ["handled", "not yet delivered",
+                                                                            "not yet delivered"]
