@@ -27,6 +27,7 @@ from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, re
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
 from streams_app.admin.consumers import group_consumers
+from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
@@ -210,6 +211,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             "consumers": group_consumers(page_connection(request), group.stream.name, group.name),
             "chart": mark_safe(group_chart(group.stream.name, group.name, hours=hours)),  # built from escaped parts
             "hours": hours,
+            **refresh_context(request),
             "hour_choices": CHART_HOURS,
             "pending_url": reverse("admin:streams_app_consumergroup_pending", args=[group.pk]),
             "find_url": reverse("admin:streams_app_consumergroup_find") + "?" + urlencode({"stream": group.stream.name}),

@@ -28,6 +28,7 @@ from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
 from streams_app.admin.consumers import ALIVE, DEAD, group_consumers
+from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
@@ -237,6 +238,7 @@ def pending_entries(model_admin, request, object_id):
         "pending_timeout": policy.pending_timeout_ms / 1000,
         "claim_interval": get_settings()["CLAIM_INTERVAL_MS"] / 1000,
         "group_url": reverse("admin:streams_app_consumergroup_change", args=[group.pk]),
+        **refresh_context(request),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/streams_app/consumergroup/pending.html", context)

@@ -311,3 +311,16 @@ def test_find_a_message_shows_where_it_is_in_every_group(staff_client, redis):
     [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": "order-3"}).context["results"]
     assert found.entry_id == third and [p.state for p in found.places] == ["handled", "not yet delivered",
                                                                             "not yet delivered"]
+
+
+def test_the_group_and_pending_pages_refresh_themselves_only_when_asked(staff_client, redis):
+    pending(redis, "jobs", "a", [{"n": 1}])
+    client = staff_client()
+    client.get(GROUPS)
+    pk = ConsumerGroup.objects.get(name="a").pk
+    for url in (f"{GROUPS}{pk}/change/", f"{GROUPS}{pk}/pending/"):
+        quiet = client.get(url).content.decode()
+        assert 'http-equiv="refresh"' not in quiet and "Shown at " in quiet and "?refresh=5" in quiet
+        live = client.get(url, {"refresh": "5"}).content.decode()
+        assert '<meta http-equiv="refresh" content="5">' in live and "Refreshing every 5 s" in live
+        assert 'http-equiv="refresh"' not in client.get(url, {"refresh": "1"}).content.decode()  # below 5 s: off
