@@ -4,6 +4,7 @@ from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import path
 from django.views.generic import RedirectView
 
+from project import audit  # noqa: F401  (registers the audit trail's admin page)
 from project.metrics_view import metrics
 
 admin.site.site_header = "Shoal control room"

@@ -324,6 +324,22 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
     def replay_edited_view(self, request, object_id):
         return admin_views.replay_edited(self, request, object_id)
 
+    def history_view(self, request, object_id, extra_context=None):
+        # A replayed or deleted letter's row is gone, its audit is not: its history lives on in the
+        # audit trail (project/audit.py), filtered to it.
+        if str(object_id).isdigit() and not DeadLetter.objects.filter(pk=object_id).exists():
+            from django.contrib.contenttypes.models import ContentType
+            from django.http import Http404, HttpResponseRedirect
+
+            from django.contrib.admin.models import LogEntry
+
+            content_type = ContentType.objects.get_for_model(DeadLetter, for_concrete_model=False)
+            if LogEntry.objects.filter(content_type=content_type, object_id=str(object_id)).exists():
+                return HttpResponseRedirect(reverse("admin:admin_logentry_changelist") + "?" + urlencode(
+                    {"object_id": object_id, "content_type": content_type.pk}))
+            raise Http404(f"dead letter {object_id} does not exist and has no recorded history")
+        return super().history_view(request, object_id, extra_context)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         letter = self.get_object_or_404(request, object_id)
         context = {

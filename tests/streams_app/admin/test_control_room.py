@@ -324,3 +324,21 @@ def test_the_group_and_pending_pages_refresh_themselves_only_when_asked(staff_cl
         live = client.get(url, {"refresh": "5"}).content.decode()
         assert '<meta http-equiv="refresh" content="5">' in live and "Refreshing every 5 s" in live
         assert 'http-equiv="refresh"' not in client.get(url, {"refresh": "1"}).content.decode()  # below 5 s: off
+
+
+def test_the_audit_trail_lists_shoals_log_entries_and_keeps_a_replayed_letters_history(staff_client, redis):
+    [entry] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=entry).pk
+    client = staff_client("streams_app.replay_deadletter", "admin.view_logentry")
+    client.post("/admin/streams_app/deadletter/", {"_selected_action": str(pk), "index": "0",
+                                                    "action": "replay_selected", "post": "yes"})
+    assert not DeadLetter.objects.filter(pk=pk).exists()
+    history = client.get(f"/admin/streams_app/deadletter/{pk}/history/", follow=True)
+    assert history.status_code == 200
+    [log] = history.context["cl"].result_list
+    assert "Replayed to group a of jobs as entry" in log.change_message
+    assert client.get("/admin/admin/logentry/", {"q": "Replayed"}).context["cl"].result_count == 1
+    assert client.get(f"/admin/admin/logentry/{log.pk}/change/").status_code == 200
+    assert client.post(f"/admin/admin/logentry/{log.pk}/delete/").status_code == 403
+    assert staff_client().get("/admin/admin/logentry/").status_code == 403  # needs admin.view_logentry
