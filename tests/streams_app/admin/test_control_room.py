@@ -17,6 +17,7 @@ pytestmark = pytest.mark.django_db
 GROUPS = "/admin/streams_app/consumergroup/"
 
 
+@pytest.mark.both_redis
 def test_each_group_counts_its_own_dead_letters_not_the_whole_streams(staff_client, redis):
     dead_letter(redis, [{"n": 1}, {"n": 2}], group="a")
     dead_letter(redis, [{"n": 3}], group="b")
@@ -103,6 +104,7 @@ def test_an_operator_sees_why_an_entry_is_stuck_retries_it_now_and_claims_it_fro
     assert redis.xpending_range("jobs", "a", entry, entry, 1)[0]["consumer"] == name
 
 
+@pytest.mark.both_redis
 def test_the_pending_page_filters_by_owner_idle_and_deliveries_and_refuses_ids_past_64_bits(staff_client, redis):
     ids = pending(redis, "jobs", "a", [{"n": n} for n in range(3)], consumer="c1")
     ids += pending(redis, "jobs", "a", [{"n": n} for n in range(3, 5)], consumer="c2")
@@ -129,6 +131,7 @@ def test_the_pending_page_filters_by_owner_idle_and_deliveries_and_refuses_ids_p
     assert client.post(url, {"action": "retry", "entry": [f"1-{2**64}"]}).status_code == 404
 
 
+@pytest.mark.both_redis
 def test_retry_now_needs_its_permission_and_claim_makes_entries_due_instead_of_resetting_them(staff_client, redis):
     [entry] = pending(redis, "jobs", "a", [{"n": 1}], consumer="c1")
     redis.xgroup_createconsumer("jobs", "a", "c2")
@@ -203,6 +206,7 @@ def test_bulk_actions_work_through_every_matching_entry_on_the_server_not_the_pa
     assert len(rows) == 505 and all(r["time_since_delivered"] > 30_000 for r in rows)
 
 
+@pytest.mark.both_redis
 def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its_progress_shown(staff_client, redis):
     from streams_app.conf import get_settings
     from streams_app.connection import get_connection
@@ -279,6 +283,7 @@ def test_a_dead_letters_page_has_replay_and_delete_buttons_and_an_edited_replay_
     assert log.change_message.endswith('payload: {"n": 20}')
 
 
+@pytest.mark.both_redis
 def test_find_a_message_shows_where_it_is_in_every_group(staff_client, redis):
     from streams_app.deadletters import store as deadletters
     from streams_app.deadletters.replay import replay
