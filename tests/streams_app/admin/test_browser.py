@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"  # the repository's docs/
 
 
 @pytest.fixture
@@ -208,3 +208,80 @@ def test_with_redis_frozen_the_outage_banner_leaves_the_buttons_uncovered(browse
             assert hit == page.locator(button).first.evaluate("e => e.outerHTML"), f"{url}: {hit[:200]}"
     finally:
         server.process.send_signal(signal.SIGCONT)
+
+
+def test_an_operator_retries_a_dead_consumers_stuck_entries_now_and_finds_a_message_in_two_groups(
+        browser, live_server, redis, make_loop, settings, tmp_path):
+    from streams_app.consuming.groups import ensure_group
+    from streams_app.deadletters import store as deadletters
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    # Nothing is delivered again within this test but by the operator's hand: a 300 s back-off, a
+    # 600 s pending timeout.
+    slow = {"RETRY_BACKOFF": 300, "PENDING_TIMEOUT_MS": 600_000, "CLAIM_INTERVAL_MS": 100}
+    settings.STREAMS = slow
+    loop = make_loop("jobs:a", **slow)
+    handled = lambda: redis.lrange("handled:jobs:a", 0, -1)  # noqa: E731
+    for group in ("a", "b"):
+        ensure_group(redis, "jobs", group, start="$")
+    ids = publish_many("jobs", [{"order": 3000 + n} for n in range(60)])
+    redis.xreadgroup("a", "ghost-worker", {"jobs": ">"})
+    deadletters.record_errors(redis, "jobs", "a", "ghost-worker", [(ids[0], "RuntimeError: card declined", "")], ttl=600)
+    # The worker was SIGKILLed: its liveness deadline lapsed a minute ago.
+    redis.hset(keys.liveness_key("jobs"), "ghost-worker", int(redis.time()[0]) * 1000 - 60_000)
+
+    user = User.objects.create_user("operator", password="correct horse battery", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=[
+        "view_stream", "view_consumergroup", "view_deadletter", "retry_pending", "claim_pending"]))
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/streams_app/consumergroup/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", "correct horse battery")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#result_list")
+    page.locator("#result_list tbody tr", has_text="a").first.locator("a").first.click()
+    page.wait_for_selector("table.shoal-consumers")
+    assert "dead" in page.inner_text("table.shoal-consumers tr.shoal-dead")
+
+    # The stuck entries of the dead consumer, why the first one is stuck, and when it would be retried.
+    page.click("text=Pending entries")
+    page.select_option("select[name=consumer]", "ghost-worker")
+    page.click("text=Filter")
+    page.wait_for_selector("table.shoal-pending")
+    first = page.locator("table.shoal-pending tbody tr").first
+    assert "ghost-worker (dead)" in first.inner_text() and "RuntimeError: card declined" in first.inner_text()
+    assert page.locator("table.shoal-pending tbody tr").count() == 50  # one page of 60
+    page.screenshot(path=shots / "admin-pending-stuck.png", full_page=True)
+
+    # Retry it now: handled within a claim pass, not after its back-off.
+    first.locator("input.action-select").check()
+    page.select_option("select[name=action]", "retry")
+    page.click("button:has-text('Go')")
+    page.wait_for_selector("text=Are you sure?")
+    page.click("input[value='Yes, I’m sure']")
+    page.wait_for_selector("ul.messagelist li.success")
+    run_until(loop, lambda: ids[0] in handled())
+
+    # Then every other entry of the dead consumer, across both pages, in one action.
+    page.select_option("select[name=action]", "retry")
+    page.check("input[name=select_across]")
+    page.click("button:has-text('Go')")
+    page.wait_for_selector("text=Are you sure?")
+    assert "59" in page.inner_text("#content")
+    page.click("input[value='Yes, I’m sure']")
+    page.wait_for_selector("ul.messagelist li.success")
+    assert "Made due now 59 pending entries" in page.inner_text("ul.messagelist")
+    run_until(loop, lambda: set(handled()) >= set(ids), timeout=60)
+
+    # Where is the first order now? Handled in a, not yet delivered to b.
+    page.goto(f"{live_server.url}/admin/streams_app/consumergroup/find/?stream=jobs&q={ids[0]}")
+    page.wait_for_selector("table.shoal-find-result")
+    rows = {r.locator("td").nth(0).inner_text(): r.locator("td").nth(1).inner_text()
+            for r in page.locator("table.shoal-find-result tbody tr").all()}
+    assert rows == {"a": "handled", "b": "not yet delivered"}
+    page.screenshot(path=shots / "admin-find.png", full_page=True)
+
+    if os.environ.get("SHOAL_DOCS_SCREENSHOTS"):
+        for shot in shots.glob("admin-*.png"):
+            shutil.copy(shot, DOCS / shot.name)
