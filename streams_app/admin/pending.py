@@ -311,18 +311,27 @@ def _pending_action(model_admin, request, group, allowed):
                             ids=ids, form_action=back, id_field="entry")
     if across:
         filters, _ = parse_filters(request.GET)
-        done = []
+        done, batches = [], []
         for rows in matching(conn, stream, group.name, filters):
-            done += _act(conn, request, stream, group.name, action,
+            batch = _act(conn, request, stream, group.name, action,
                          {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+            done += batch
+            batches.append(batch)
         ids = done
     else:
         done = _apply(conn, request, stream, group.name, action, ids, target)
     gone = len(ids) - len(done)
     verb = PENDING_ACTIONS[action][2]
-    log_actions(request, type(group), [(group.pk, f"{group} {i}", f"{verb} pending entry {i}" +
-                                        (f" to consumer {target}" if action == "claim" else ""))
-                                       for i in done], CHANGE)
+    to = f" to consumer {target}" if action == "claim" else ""
+    if across:
+        # One LogEntry per batch, naming each of its entries: 50,000 rows would cost more than the action.
+        where = f" matching {describe(filters)}" if filters.active else ""
+        log_actions(request, type(group), [(group.pk, f"{group} ({len(b)} entries)",
+                                            f"{verb} {len(b)} pending entries{where}{to}: {', '.join(b)}")
+                                           for b in batches if b], CHANGE)
+    else:
+        log_actions(request, type(group), [(group.pk, f"{group} {i}", f"{verb} pending entry {i}{to}") for i in done],
+                    CHANGE)
     if done:
         model_admin.message_user(request, f"{verb} {len(done)} pending entr{'ies' if len(done) != 1 else 'y'} of {group}.",
                                  messages.SUCCESS)

@@ -198,7 +198,12 @@ def test_bulk_actions_work_through_every_matching_entry_on_the_server_not_the_pa
     assert "Acknowledged 700 pending entries of jobs:a." in [str(m) for m in done.context["messages"]]
     left = {r["message_id"] for r in redis.xpending_range("jobs", "a", "-", "+", 2000)}
     assert left == set(held[700:]) | set(others)  # c2's idle ones and c1's fresh ones untouched
-    assert LogEntry.objects.filter(change_message__startswith="Acknowledged pending entry").count() == 700
+    # One LogEntry per batch of 500, naming every entry of it.
+    logs = LogEntry.objects.filter(change_message__startswith="Acknowledged ")
+    assert [log.change_message.split(":")[0] for log in logs.order_by("pk")] == [
+        "Acknowledged 500 pending entries matching owner c1, idle at least 100 s",
+        "Acknowledged 200 pending entries matching owner c1, idle at least 100 s"]
+    assert {i for log in logs for i in log.change_message.split(": ", 1)[1].split(", ")} == set(held[:700])
 
     everything = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
     client.post(everything, {"action": "retry", "select_across": "1", "post": "yes"})
