@@ -324,6 +324,17 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
     def replay_edited_view(self, request, object_id):
         return admin_views.replay_edited(self, request, object_id)
 
+    change_list_template = "admin/streams_app/deadletter/change_list.html"
+
+    def changelist_view(self, request, extra_context=None):
+        # Filtered to one group: offer to replay all of its letters from Redis, in the background
+        # (the mirror holds what was copied so far; "select all" replays those within the request).
+        stream, group = request.GET.get("stream"), request.GET.get("group")
+        found = (ConsumerGroup.objects.filter(stream__name=stream, name=group).first()
+                 if stream and group and self.has_replay_permission(request) else None)
+        url = reverse("admin:streams_app_consumergroup_replay_all", args=[found.pk]) if found else ""
+        return super().changelist_view(request, {"replay_all_url": url, **(extra_context or {})})
+
     def history_view(self, request, object_id, extra_context=None):
         # A replayed or deleted letter's row is gone, its audit is not: its history lives on in the
         # audit trail (project/audit.py), filtered to it.

@@ -226,6 +226,8 @@ def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its
     group = ConsumerGroup.objects.get(name="a")
     url = f"{GROUPS}{group.pk}/replay-dead-letters/"
     assert url in client.get(f"{GROUPS}{group.pk}/change/").content.decode()
+    letters = client.get("/admin/streams_app/deadletter/", {"stream": "jobs", "group": "a"}).content.decode()
+    assert url in letters and url not in client.get("/admin/streams_app/deadletter/").content.decode()
     confirm = client.get(url)
     assert b"Are you sure?" in confirm.content and not ReplayJob.objects.exists()
     queued = client.post(url, {"action": "replay_all", "post": "yes"}, follow=True)
