@@ -167,9 +167,15 @@ class RetryPolicy:
         self.pending_timeout_ms = config["PENDING_TIMEOUT_MS"]
         self.max_deliveries = spec.max_deliveries if spec else None
 
+    def at_limit(self, entry):
+        """At its delivery limit: the next claim pass past the pending timeout moves it to the dead letters."""
+        return self.max_deliveries is not None and entry["deliveries"] >= self.max_deliveries
+
     def due_in(self, entry, liveness):
         """Seconds until a consumer may deliver ``entry`` again (0: due at the next claim pass)."""
         idle_ms = entry["idle"] * 1000
+        if self.at_limit(entry):
+            return max(0.0, (self.pending_timeout_ms - idle_ms) / 1000)
         takeover = claimable_idle_ms(entry["deliveries"], self.base, self.cap, self.pending_timeout_ms)
         own = backoff_seconds(entry["deliveries"], self.base, self.cap) * 1000
         if liveness == DEAD or (liveness == ALIVE and entry["error"]):
@@ -219,6 +225,7 @@ def pending_entries(model_admin, request, object_id):
     for entry in page:
         entry["liveness"] = liveness.get(entry["consumer"], "unknown")
         entry["due_in"] = policy.due_in(entry, entry["liveness"])
+        entry["to_dead_letters"] = policy.at_limit(entry)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"Pending entries of {group}",

@@ -118,6 +118,10 @@ def test_the_pending_page_filters_by_owner_idle_and_deliveries_and_refuses_ids_p
         return [e["id"] for e in client.get(url, params).context["entries"]]
 
     assert shown() == ids
+    # At its delivery limit (jobs:a's max_deliveries is 5) and idle past the pending timeout.
+    page = client.get(url)
+    assert [e["to_dead_letters"] for e in page.context["entries"]] == [True, False, False, False, False]
+    assert "to the dead letters at the next claim pass" in page.content.decode()
     assert shown(consumer="c2") == ids[3:]
     assert shown(min_idle="100") == ids[:1]
     assert shown(min_deliveries="3") == [ids[0], ids[4]]
