@@ -70,7 +70,8 @@ class OneAttempt:
 
         def call(*args, **kwargs):
             if self.failure is not None:
-                raise type(self.failure)(f"{self.failure} (not asked again on this page)")
+                # A ConnectionError whatever the first one was: every caller treats it as "Redis is away".
+                raise redis.ConnectionError(f"{type(self.failure).__name__}: {self.failure} (not asked again on this page)")
             try:
                 result = attr(*args, **kwargs)
             except TRANSIENT_ERRORS as exc:

@@ -63,3 +63,29 @@ def test_every_admin_page_answers_from_the_mirror_within_its_timeout_when_redis_
     action = client.post(f"/admin/streams_app/consumergroup/{group.pk}/pending/",
                          {"action": "ack", "entry": [pending_page.context["group"].last_delivered_id], "post": "yes"})
     assert time.monotonic() - started < PAGE_BOUND and action.status_code == 302
+
+
+def test_a_page_asks_a_hung_redis_once_then_fails_at_once(frozen_redis, settings):
+    import redis as redis_lib
+
+    from shoal_common.page_redis import OneAttempt
+    from streams_app.connection import web_connection
+
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    client, freeze = frozen_redis
+    conn = OneAttempt(web_connection())
+    assert conn.ping()
+    freeze()
+    started = time.monotonic()
+    with pytest.raises(redis_lib.TimeoutError):
+        conn.xlen("jobs")
+    first = time.monotonic() - started
+    assert 0.4 < first < 5  # its own timeout, no retry
+    started = time.monotonic()
+    with pytest.raises(redis_lib.ConnectionError, match="not asked again on this page"):
+        conn.xinfo_groups("jobs")
+    with pytest.raises(redis_lib.ConnectionError):
+        pipe = conn.pipeline(transaction=False)
+        pipe.xlen("jobs")
+        pipe.execute()
+    assert time.monotonic() - started < 0.2
