@@ -93,12 +93,9 @@ def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_re
     history.take()
     history.take()
 
-    # Some entries held by a stuck worker, and two registered web instances, for the other pages.
+    # Some entries held by a stuck worker, for the pending page.
     publish_many("jobs", [{"order": 2000 + n, "sku": f"T-{n}"} for n in range(3)])
     redis.xreadgroup("a", "stuck-worker", {"jobs": ">"})
-    registry = ServiceRegistry()
-    registry.register("shoal-web", "10.0.0.11", 8000, {"version": "1.4.0", "zone": "eu-west-1a"})
-    registry.register("shoal-web", "10.0.0.12", 8000, {"version": "1.4.0", "zone": "eu-west-1b", "weight": 2})
 
     user = operator(live_server)
     page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -156,6 +153,10 @@ def test_an_operator_finds_fixes_and_replays_a_dead_letter_and_sees_the_group_re
     assert page.locator("table.shoal-pending tbody tr").count() == 3
     page.screenshot(path=shots / "admin-pending.png", full_page=True)
 
+    # Two registered web instances, registered just before: under load the steps above outlast their TTL.
+    registry = ServiceRegistry()
+    registry.register("shoal-web", "10.0.0.11", 8000, {"version": "1.4.0", "zone": "eu-west-1a"})
+    registry.register("shoal-web", "10.0.0.12", 8000, {"version": "1.4.0", "zone": "eu-west-1b", "weight": 2})
     page.goto(f"{live_server.url}/admin/discovery_app/serviceinstance/")
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 2
