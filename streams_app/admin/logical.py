@@ -18,9 +18,9 @@ import redis
 from shoal_common.redis_errors import is_missing
 from streams_app import partitions
 from streams_app.admin.mirror import entry_sort_key
-from streams_app.admin.views import PENDING_PAGE_SIZE, read_pending_page
+from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
 from streams_app.conf import get_settings
-from streams_app.connection import get_connection
+from streams_app.connection import page_connection
 
 
 def logical_url(name):
@@ -97,7 +97,7 @@ def logical_pending(model_admin, request):
     name = _declared(request, "stream")
     group = request.GET.get("group", "")
     mirror = model_admin.sync(request)  # the partitions' group rows, for the links to their own pages
-    conn = get_connection()
+    conn = page_connection(request)
     rows = {g.stream.name: g for g in ConsumerGroup.objects.filter(stream__name__in=partitions.names(name), name=group)
             .select_related("stream")}
     per_partition, merged = [], []

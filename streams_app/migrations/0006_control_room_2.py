@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('streams_app', '0004_outbox'),
+        ('streams_app', '0005_outbox_help_texts'),
     ]
 
     operations = [
