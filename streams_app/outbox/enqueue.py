@@ -12,6 +12,7 @@ import uuid
 from django.db import transaction
 
 from streams_app.conf import setting
+from shoal_common.page_redis import short_timeout_client
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import PublishError
 from streams_app.message import IDEMPOTENCY_ID_FIELD
@@ -92,6 +93,10 @@ def _text(value):
 # relay cannot use a nudge then anyway; its sweep finds the rows.
 _quiet_until = 0.0
 
+# The nudge is best-effort and runs inside the writer's request after its commit: a frozen Redis must
+# cost it a moment, not the shared pool's timeouts (a trial measured 5 s commits every ~7 s).
+NUDGE_TIMEOUT = 0.5
+
 
 def nudge():
     """Wake a waiting relay now rather than at its next sweep. Never raises: it runs after the caller's commit."""
@@ -99,7 +104,7 @@ def nudge():
     if time.monotonic() < _quiet_until:
         return
     try:
-        pipe = get_connection().pipeline(transaction=False)
+        pipe = short_timeout_client(get_connection(), NUDGE_TIMEOUT).pipeline(transaction=False)
         pipe.lpush(NUDGE_KEY, 1)
         pipe.ltrim(NUDGE_KEY, 0, 0)  # one pending nudge is as good as many
         pipe.execute()

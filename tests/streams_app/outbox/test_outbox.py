@@ -6,6 +6,7 @@ transaction would never run. The multi-process behaviour (kills, outages, Postgr
 test_outbox_processes.py.
 """
 import json
+import signal
 import time
 from datetime import timedelta
 
@@ -56,6 +57,23 @@ def test_inside_a_transaction_the_row_is_written_and_nothing_reaches_redis_until
     assert payloads(redis, "orders") == [("order-1", {"id": 1})]
     row = OutboxMessage.objects.get()
     assert row.relayed_at is not None and row.entry_id == redis.xrange("orders")[0][0]
+
+
+def test_with_redis_frozen_a_commit_waits_for_its_nudge_a_moment_not_the_pools_timeouts(redis_factory, use_redis):
+    # A user trial: with Redis SIGSTOPped, a commit took 5 s once every sweep interval.
+    server = redis_factory()
+    use_redis(server)
+    publish("orders", {"n": 0}, outbox=True)  # connections made while Redis answers
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with transaction.atomic():
+            publish("orders", {"n": 1}, outbox=True)
+        took = time.monotonic() - started
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert took < 4, took  # NUDGE_TIMEOUT is 0.5 s; the shared pool's waits were 5 s and more
+    assert OutboxMessage.objects.filter(relayed_at__isnull=True).count() == 2
 
 
 def test_a_rolled_back_transaction_leaves_no_row_and_no_nudge(redis, relay):
