@@ -28,14 +28,16 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
+VAR.mkdir(parents=True, exist_ok=True)
+# Before anything below imports prometheus_client: it picks single- or multi-process mode once, at
+# import time, and the workers inherit the master's modules. Set after the import, every worker
+# stayed single-process and /metrics showed only the worker that took the scrape.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR / "prometheus"))
+
 from project import web_supervision  # noqa: E402
 from project.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
-
-VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
-VAR.mkdir(parents=True, exist_ok=True)
-# Set before any worker imports prometheus_client: it picks its multiprocess mode at import time.
-os.environ.setdefault(multiprocess.ENV, str(VAR / "prometheus"))
 # Where the registration supervisor writes its state, for the workers' /readyz.
 os.environ.setdefault(web_supervision.STATUS_ENV, str(VAR / "web_registration.json"))
 

@@ -121,6 +121,15 @@ def web_port():
     return int(raw)
 
 
+def metrics_ports(port):
+    """The consumer's and the reclaimer's metrics ports: the ports honcho gives their Procfile.dev
+    entries ($PORT + 100 per entry), which nothing else there binds."""
+    ports = {"SHOAL_CONSUMER_METRICS_PORT": port + 100, "SHOAL_RECLAIMER_METRICS_PORT": port + 300}
+    if max(ports.values()) > 65535:
+        sys.exit(f"SHOAL_WEB_PORT={port} leaves no room for the metrics ports (+100, +300); use e.g. 8001.")
+    return ports
+
+
 def run_procfile(env, port):
     """Run Procfile.dev under honcho until Ctrl-C; return 0 for a requested stop."""
     python = Path(sys.executable)
@@ -157,7 +166,11 @@ def main(argv=None):
         print("Shoal: ready. In any shell here: `source .venv/bin/activate` (or `make shell`), then "
               "`python manage.py ...`; `make run` starts everything.", flush=True)
         return 0
+    ports = metrics_ports(port)
+    env = {**env, **{name: str(value) for name, value in ports.items()}}
     print(f"Shoal: admin at {web}/admin/   metrics {web}/metrics   health {web}/healthz {web}/readyz", flush=True)
+    print(f"Shoal: consumer metrics http://127.0.0.1:{ports['SHOAL_CONSUMER_METRICS_PORT']}/metrics   "
+          f"reclaimer and outbox metrics http://127.0.0.1:{ports['SHOAL_RECLAIMER_METRICS_PORT']}/metrics", flush=True)
     print(f"Shoal: starting Procfile.dev: gunicorn on 127.0.0.1:{port}, consumers for orders:email and "
           "orders:points, the reclaimer and a producer. Ctrl-C stops them all.", flush=True)
     return run_procfile(env, port)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,18 @@ class Shell:
         self.proc.wait(timeout=30)
 
 
+def wait_for_text(url, text, timeout=60):
+    def body():
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                page = response.read().decode()
+        except OSError:
+            return None
+        return page if text in page else None
+
+    return wait_for(body, timeout=timeout, interval=0.5, what=f"{text!r} at {url}")
+
+
 def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factory):
     blocks = quick_start_blocks((clone / "README.md").read_text())
     server = redis_factory()
@@ -126,6 +139,12 @@ def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factor
         run.wait_for(r"Shoal: starting Procfile\.dev", timeout=240)
         run.wait_for(r"email: confirmation for order \d+", timeout=120)
         run.wait_for(r"points: \+\d+ points", timeout=60)
+        # The metrics URLs make run prints answer, each with its own figures.
+        web, consumer, reclaimer = (run.wait_for(rf"{label} (http://\S+/metrics)", timeout=10).group(1)
+                                    for label in ("metrics", "consumer metrics", "outbox metrics"))
+        assert "django_http_requests_total_by_method_total" in wait_for_text(web, "django_http")
+        assert 'shoal_messages_handled_total{' in wait_for_text(consumer, "shoal_messages_handled_total{")
+        assert "shoal_outbox_rows" in wait_for_text(reclaimer, "shoal_outbox_rows")
 
         out = second.run(blocks["second shell"])
         assert "shoal-web" in out  # discover: the web tier registered itself

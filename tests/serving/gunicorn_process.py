@@ -37,13 +37,15 @@ class Gunicorn:
         # With PORT in env, gunicorn binds 0.0.0.0:$PORT by itself, as the README says; else 127.0.0.1.
         self.port = int((env or {}).get("PORT") or free_port())
         self.workers = workers or available_cpus()
-        self.metrics_dir = self.directory / "prometheus"
+        # gunicorn.conf.py's default, under SHOAL_VAR_DIR: the tests set no PROMETHEUS_MULTIPROC_DIR, as
+        # a user does not (the variable preset hid that the config set it too late).
+        self.metrics_dir = self.directory / "var" / "prometheus"
         self.pidfile = self.directory / "gunicorn.pid"
+        inherited = {name: value for name, value in os.environ.items() if name != "PROMETHEUS_MULTIPROC_DIR"}
         self.env = {
-            **os.environ,
+            **inherited,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "REDIS_URL": redis_url,
-            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
             "WEB_CONCURRENCY": str(self.workers),
             "SHOAL_VAR_DIR": str(self.directory / "var"),
             "PYTHONUNBUFFERED": "1",

@@ -48,3 +48,16 @@ def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunic
     per_worker = {name.rsplit("_", 1)[0] for name in files}
     assert len(files) <= len(per_worker) * (server.workers + 1), files
     assert requests_counted(server) == sent + 1
+
+
+def test_metrics_cover_every_worker_with_no_variable_preset(gunicorn):
+    # As a user starts it: nothing in the environment says where the multiprocess files go.
+    server = gunicorn(workers=2)
+    assert "PROMETHEUS_MULTIPROC_DIR" not in server.env
+    before = requests_counted(server)
+    for _ in range(40):  # new connections: the kernel spreads them over both workers
+        assert server.get("/healthz")[0] == 200
+    # Every worker's requests, whichever worker takes the scrape (the scrape counts itself).
+    assert requests_counted(server) == before + 40 + 1
+    files = {name for name in os.listdir(server.metrics_dir) if name.endswith(".db")}
+    assert {f"counter_{pid}.db" for pid in server.worker_pids()} <= files, files
