@@ -35,7 +35,7 @@ VAR.mkdir(parents=True, exist_ok=True)
 # stayed single-process and /metrics showed only the worker that took the scrape.
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR / "prometheus"))
 
-from project import web_supervision  # noqa: E402
+from project import web_rollout, web_supervision  # noqa: E402
 from project.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
 # Where the registration supervisor writes its state, for the workers' /readyz.
@@ -66,6 +66,9 @@ proc_name = "shoal-web"
 
 
 def on_starting(server):
+    # HUP replaces a worker only once its replacement has loaded the app, and code that cannot load
+    # leaves the serving workers alone (project/web_rollout.py).
+    web_rollout.install(server)
     # Files left by a previous master belong to processes that are gone: start the counters afresh
     # (Prometheus sees a counter reset, as for any restart).
     multiprocess.reset(os.environ[multiprocess.ENV])
@@ -128,6 +131,7 @@ def post_fork(server, worker):
     if supervisor is not None:
         supervisor.close_in_child()  # this process's copy only; the master's stays open
     random.seed()  # random state differs per worker (jitter, names)
+    web_rollout.child_started(server, worker)
 
 
 def post_worker_init(worker):
@@ -137,6 +141,8 @@ def post_worker_init(worker):
         start_listener()
     except Exception:
         worker.log.exception("Broadcast listener did not start; this worker will not receive broadcasts.")
+    # Last: from now on the master may stop an old worker in favour of this one.
+    web_rollout.announce_ready()
 
 
 def worker_exit(server, worker):

@@ -19,6 +19,11 @@ class Result:
     status: int | None
     body: str = ""
     error: str = ""
+    finished: float = 0.0
+
+    @property
+    def seconds(self):
+        return self.finished - self.started
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Load:
         return [r for r in self.results if r.status != 200]
 
     def _record(self, result):
+        result.finished = time.monotonic()
         with self.lock:
             self.results.append(result)
             if len(self.results) >= self.max_requests:

@@ -12,10 +12,13 @@ from tests.serving.gunicorn_process import ROOT
 PROBE = """
 import json, os, runpy, sys, types
 conf = runpy.run_path("gunicorn.conf.py")
-server = types.SimpleNamespace(log=types.SimpleNamespace(info=print))
+from gunicorn.arbiter import Arbiter
+server = Arbiter.__new__(Arbiter)  # what gunicorn passes, without starting it
+server.log = types.SimpleNamespace(info=print)
 conf["on_starting"](server)
+assert type(server).__name__ == "ShoalArbiter"
 conf["child_exit"](server, types.SimpleNamespace(pid=12345))
-conf["post_fork"](server, None)
+conf["post_fork"](server, types.SimpleNamespace(init_process=None))
 print(json.dumps({"workers": conf["workers"], "threads": conf["threads"], "preload_app": conf["preload_app"],
                   "graceful_timeout": conf["graceful_timeout"], "max_requests": conf["max_requests"],
                   "jitter": conf["max_requests_jitter"], "pidfile": conf["pidfile"],
@@ -29,7 +32,7 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     conf = json.loads(out.stdout.strip().splitlines()[-1])
-    assert conf["imported"] == ["project", "project.cpus", "project.web_supervision", "streams_app", "streams_app.metrics", "streams_app.metrics.multiprocess"]
+    assert conf["imported"] == ["project", "project.cpus", "project.web_rollout", "project.web_supervision", "streams_app", "streams_app.metrics", "streams_app.metrics.multiprocess"]
     assert conf["workers"] == 3 and conf["threads"] == 4
     assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
     assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]

@@ -61,3 +61,59 @@ def test_hup_twice_under_load_loads_new_code_and_fails_no_request(gunicorn, site
     assert after and {r.body for r in after} == {"new code, second version"}
     assert server.output().count("Hang up") == 2
     print(f"{load.count()} requests, 0 failed, {load.retries} retried on a kept-alive connection the server closed")
+
+
+def test_a_hup_stops_old_workers_only_once_new_ones_are_ready_and_no_request_waits(gunicorn, site):
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    old = server.worker_pids()
+    load = Load(server.port, "/version", clients=4, max_requests=20_000).start()
+    try:
+        wait_for(lambda: load.count() >= 200, timeout=60, what="200 requests before the HUP")
+        hup_at = time.monotonic()
+        new = reload_and_wait(server, old)
+        done_at = time.monotonic()
+        wait_for(lambda: sum(r.started > done_at for r in load.results) >= 200, timeout=60,
+                 what="200 requests after the reload")
+    finally:
+        load.stop()
+    assert load.failures() == []
+    during = [r for r in load.results if r.finished >= hup_at and r.started <= done_at]
+    assert during and max(r.seconds for r in during) < 5, max(r.seconds for r in during)
+    # Each old worker was told to stop only after one more new worker had said it was ready.
+    lines = server.output().splitlines()
+    ready = [i for i, line in enumerate(lines) for pid in new if f"Worker (pid:{pid}) is ready" in line]
+    exiting = sorted(i for i, line in enumerate(lines) for pid in old if f"Worker exiting (pid: {pid})" in line)
+    assert len(ready) == len(new) and len(exiting) == len(old), server.output()[-3000:]
+    for count, line in enumerate(exiting, start=1):
+        assert sum(i < line for i in ready) >= count, server.output()[-3000:]
+
+
+def test_a_deploy_that_cannot_load_keeps_the_old_workers_serving_and_a_fixed_one_rolls_forward(gunicorn, site):
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    old = set(server.worker_pids())
+    load = Load(server.port, "/version", clients=4, max_requests=50_000).start()
+    try:
+        wait_for(lambda: load.count() >= 200, timeout=60, what="200 requests before the broken deploy")
+        (site / "hup_view.py").write_text('raise RuntimeError("broken deploy: cannot import")\n')
+        server.signal(signal.SIGHUP)
+        wait_for(lambda: "ROLLOUT ABORTED" in server.output(), timeout=90, what="the rollout aborted")
+        broken_at = time.monotonic()
+        wait_for(lambda: sum(r.started > broken_at for r in load.results) >= 200, timeout=60,
+                 what="200 requests after the aborted rollout")
+        assert server.proc.poll() is None
+        wait_for(lambda: set(server.worker_pids()) == old, timeout=30, what="only the old workers left")
+
+        fixing_at = time.monotonic()
+        (site / "hup_view.py").write_text(VIEW.format(text="fixed code"))
+        reload_and_wait(server, old)
+        fixed_at = time.monotonic()
+        wait_for(lambda: sum(r.started > fixed_at for r in load.results) >= 200, timeout=60,
+                 what="200 requests after the fixed deploy")
+    finally:
+        load.stop()
+    failures = load.failures()
+    assert failures == [], f"{len(failures)} of {load.count()} requests failed, e.g. {failures[:3]}"
+    assert {r.body for r in load.results if r.started > fixed_at} == {"fixed code"}
+    assert {r.body for r in load.results if r.started < fixing_at} == {"old code"}
+    output = server.output()
+    assert "broken deploy: cannot import" in output  # the worker's traceback, for the operator

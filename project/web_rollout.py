@@ -1,0 +1,246 @@
+"""gunicorn's master for Shoal's web tier, changed in two ways: a HUP stops an old worker only once a
+new one has loaded the app, and code that cannot load never takes the serving workers down.
+
+gunicorn's own HUP forks the new workers and stops the old ones at once. With ``preload_app`` off a
+new worker needs a second or two to import Django, and requests waited that long. Here each worker
+tells the master through a pipe when it has loaded the app and its URLconf (``announce_ready`` from
+``post_worker_init``); the master stops one old worker per ready new one, so as many workers as
+configured are ready at every moment.
+
+A worker that dies before it was ready could not load the app. gunicorn's master halts then, and the
+serving workers go with it. Here, during a rollout, the rollout is aborted: the new workers are
+stopped, the old ones keep serving, and the master logs an ERROR (the worker logged the traceback);
+a later HUP with fixed code rolls forward. Outside a rollout (a worker recycled by ``max_requests``
+whose replacement cannot load the code now on disk) the master waits before forking again, 1 s
+doubling to 30 s. Only when no worker was ever ready, on the first start, does it halt, as gunicorn
+does. A new worker not ready within ``timeout`` seconds is killed and counts as failed (gunicorn's
+own timeout only runs once a worker serves).
+
+gunicorn has no setting for the arbiter class, so ``install`` (from gunicorn.conf.py's
+``on_starting``) changes the class of the running Arbiter. Written against gunicorn 27.0
+(requirements.txt pins it): ``reload`` repeats the first half of gunicorn's own.
+
+Each worker also gets a slot, the smallest number no live worker holds: a label for per-worker
+metrics that stays within 0..2×workers however many workers come and go (pids would not).
+
+No Django here: gunicorn's master imports this module, and the workers inherit what it imported.
+"""
+import itertools
+import os
+import signal
+import sys
+import time
+
+from gunicorn import sock, util
+from gunicorn.arbiter import Arbiter
+from gunicorn.errors import HaltServer
+from gunicorn.pidfile import Pidfile
+
+BOOT_FAILED = 75
+"""A worker's exit code when it could not load the app (gunicorn's own 3 and 4 halt its master)."""
+BACKOFF = (1.0, 30.0)
+
+_ready_w = None  # the write end of the master's readiness pipe; every worker inherits it
+_slot = None  # this worker's slot, set after the fork
+
+
+def install(server):
+    server.__class__ = ShoalArbiter
+    server.shoal_setup()
+
+
+def worker_slot():
+    """This worker's slot (0, 1, ...), or None outside a gunicorn worker of ours."""
+    return _slot
+
+
+def child_started(server, worker):
+    """In a worker just forked (post_fork): learn its slot, and exit with BOOT_FAILED, not with
+    gunicorn's halting codes, when it cannot load the app."""
+    global _slot
+    _slot = getattr(server, "next_slot", None)
+    boot = worker.init_process
+
+    def init_process():
+        try:
+            boot()
+        except SystemExit:
+            raise
+        except BaseException:
+            if worker.booted:
+                raise
+            worker.log.exception("Worker (pid:%s) could not load the application", os.getpid())
+            sys.exit(BOOT_FAILED)
+
+    worker.init_process = init_process
+
+
+def announce_ready():
+    """In a worker whose app is loaded: tell the master, which may now stop an old worker."""
+    if _ready_w is not None:
+        os.write(_ready_w, f"{os.getpid()}\n".encode())
+
+
+class ShoalArbiter(Arbiter):
+    def shoal_setup(self):
+        global _ready_w
+        self._ready_r, _ready_w = os.pipe()
+        os.set_blocking(self._ready_r, False)
+        self._partial = b""
+        self.ready = set()  # pids that announced they are ready
+        self.retiring = set()  # pids to stop once replaced: a rollout is under way while non-empty
+        self.draining = set()  # pids sent TERM by us
+        self.spawned_at = {}
+        self.slots = {}
+        self.next_slot = None
+        self.ever_ready = False
+        self.spawn_after = 0.0
+        self.backoff = BACKOFF[0]
+        self.rollout_started = None
+        self.stopping = False
+
+    # -- readiness ---------------------------------------------------------------------------
+
+    def _read_ready(self):
+        while True:
+            try:
+                data = os.read(self._ready_r, 4096)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self._partial += data
+        *lines, self._partial = self._partial.split(b"\n")
+        for line in lines:
+            pid = int(line)
+            if pid in self.WORKERS and pid not in self.ready:
+                self.ready.add(pid)
+                self.ever_ready = True
+                self.backoff = BACKOFF[0]
+                self.log.info("Worker (pid:%s) is ready (app loaded in %.1f s).", pid,
+                              time.monotonic() - self.spawned_at.get(pid, time.monotonic()))
+
+    # -- spawning, reloading, retiring -------------------------------------------------------
+
+    def spawn_worker(self):
+        used = {slot for pid, slot in self.slots.items() if pid in self.WORKERS}
+        self.next_slot = next(i for i in itertools.count() if i not in used)
+        pid = super().spawn_worker()  # only the master returns from here
+        self.slots[pid] = self.next_slot
+        self.spawned_at[pid] = time.monotonic()
+        return pid
+
+    def reload(self):
+        # gunicorn 27.0's reload up to the workers: environment, config, logs, listeners, pidfile.
+        self._stats["reloads"] += 1
+        old_address = self.cfg.address
+        for k in self.cfg.env:
+            if k in self.cfg.env_orig:
+                os.environ[k] = self.cfg.env_orig[k]
+            else:
+                os.environ.pop(k, None)
+        self.app.reload()
+        self.setup(self.app)
+        self.log.reopen_files()
+        if old_address != self.cfg.address:
+            for lnr in self.LISTENERS:
+                lnr.close()
+            self.LISTENERS = sock.create_sockets(self.cfg, self.log)
+            self.log.info("Listening at: %s", ",".join(str(lnr) for lnr in self.LISTENERS))
+        self.cfg.on_reload(self)
+        if self.pidfile is not None:
+            self.pidfile.unlink()
+        if self.cfg.pidfile is not None:
+            self.pidfile = Pidfile(self.cfg.pidfile)
+            self.pidfile.create(self.pid)
+        util._setproctitle(f"master [{self.proc_name}]")
+        # Then ours: every worker now running (a not yet ready one of an earlier rollout too) is
+        # replaced, each only once a new one is ready.
+        self.retiring = {pid for pid in self.WORKERS if pid not in self.draining}
+        self.rollout_started = time.monotonic()
+        self.spawn_after = 0.0
+        self.log.info("Rollout: starting %s workers with the code on disk; the %s running now serve until "
+                      "their replacements are ready.", self.num_workers, len(self.retiring))
+        self.manage_workers()
+
+    def manage_workers(self):
+        if self.stopping:
+            return
+        self._read_ready()
+        self._kill_slow_boots()
+        live = [pid for pid in self.WORKERS if pid not in self.draining]
+        retiring = [pid for pid in live if pid in self.retiring]
+        current = [pid for pid in live if pid not in self.retiring]
+        missing = self.num_workers - len(current)
+        if missing > 0 and time.monotonic() >= self.spawn_after:
+            for _ in range(missing):
+                current.append(self.spawn_worker())
+        ready = sum(pid in self.ready for pid in current)
+        if retiring:
+            surplus = ready + len(retiring) - self.num_workers
+            # Not-ready ones (left by an aborted rollout) first, then the oldest.
+            order = sorted(retiring, key=lambda pid: (pid in self.ready, self.WORKERS[pid].age))
+            for pid in order[:max(0, surplus)]:
+                self._retire(pid)
+            if surplus >= len(retiring):
+                self.log.info("Rollout complete in %.1f s: %s workers run the new code.",
+                              time.monotonic() - self.rollout_started, len(current))
+                self.retiring.clear()
+        elif len(current) > self.num_workers:  # TTOU
+            for pid in sorted(current, key=lambda pid: self.WORKERS[pid].age)[:len(current) - self.num_workers]:
+                self._retire(pid)
+
+    def _retire(self, pid):
+        self.draining.add(pid)
+        self.kill_worker(pid, signal.SIGTERM)
+
+    def _kill_slow_boots(self):
+        now = time.monotonic()
+        for pid in list(self.WORKERS):
+            if pid in self.ready or pid in self.draining or now - self.spawned_at.get(pid, now) <= self.timeout:
+                continue
+            self.log.error("Worker (pid:%s) did not load the application within %s s; killing it.", pid, self.timeout)
+            self.spawned_at[pid] = float("inf")  # once
+            self.kill_worker(pid, signal.SIGKILL)
+
+    # -- workers that exit -------------------------------------------------------------------
+
+    def reap_workers(self):
+        before = set(self.WORKERS)
+        try:
+            super().reap_workers()
+        finally:
+            for pid in before - set(self.WORKERS):
+                self._worker_gone(pid)
+
+    def stop(self, graceful=True):
+        self.stopping = True
+        super().stop(graceful)
+
+    def _worker_gone(self, pid):
+        self.slots.pop(pid, None)
+        self.spawned_at.pop(pid, None)
+        was_ready, stopped = pid in self.ready, pid in self.draining
+        self.ready.discard(pid)
+        self.draining.discard(pid)
+        self.retiring.discard(pid)
+        if was_ready or stopped or self.stopping:
+            return
+        # It died before it was ready: it could not load the app (its traceback is in the log above).
+        if not self.ever_ready:
+            raise HaltServer("No worker could load the application (see the traceback above).",
+                             self.WORKER_BOOT_ERROR)
+        self.spawn_after = time.monotonic() + self.backoff
+        if self.retiring:
+            for other in [p for p in self.WORKERS if p not in self.retiring and p not in self.ready
+                          and p not in self.draining]:
+                self._retire(other)
+            serving = [p for p in self.WORKERS if p not in self.draining]
+            self.log.error("ROLLOUT ABORTED: a new worker (pid:%s) could not load the application (traceback "
+                           "above). The %s workers already running keep serving; fix the code and send HUP again.",
+                           pid, len(serving))
+            self.retiring.clear()
+        else:
+            self.log.error("Worker (pid:%s) could not load the application (traceback above); the other workers "
+                           "keep serving. Next attempt in %.0f s.", pid, self.backoff)
+        self.backoff = min(BACKOFF[1], self.backoff * 2)
