@@ -3,7 +3,8 @@
     python -m project.web_registration ADDRESS PORT [METADATA_JSON [INSTANCE_ID]]
 
 gunicorn.conf.py starts it in ``when_ready`` (project/web_supervision.py supervises it: restarted
-when it dies, with the same INSTANCE_ID) and it lives until its stdin closes (the master exited,
+when it dies, with the same INSTANCE_ID). It registers once a worker answers ``/readyz``, marks the
+instance failing while ``/readyz`` does not answer (clients skip it), and lives until its stdin closes (the master exited,
 or died: the pipe closes either way) or it gets TERM/INT; then it deregisters. On TERM/INT the
 Registrar's own handler deregisters at once; the master sends TERM as soon as it is told to stop,
 before its drain. It is a child of the
@@ -19,8 +20,11 @@ import logging
 import os
 import queue
 import signal
+import ssl
 import sys
 import threading
+import time
+import urllib.request
 
 logger = logging.getLogger("discovery_app.web")
 
@@ -34,6 +38,37 @@ def _wait_for_eof(done):
     except OSError:
         pass
     done.put("eof")
+
+
+PROBE_TIMEOUT = 3.0  # /readyz itself answers within READYZ_TIMEOUT (1 s)
+
+
+def probe(url, timeout=PROBE_TIMEOUT):
+    """True when ``url`` (this instance's /readyz) answers 2xx in time. Over TLS the certificate is
+    not checked: this is our own instance, at the address it is registered under."""
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
+            return 200 <= response.status < 300
+    except (OSError, ValueError):
+        return False
+
+
+def wait_until_ready(url, done, interval=0.5, remind_every=30.0):
+    """Poll ``url`` until it answers; False if told to stop first (EOF or a signal on ``done``)."""
+    started = last_said = time.monotonic()
+    while not probe(url):
+        if time.monotonic() - last_said >= remind_every:
+            last_said = time.monotonic()
+            logger.warning("Web registration: no worker has answered %s for %.0f s; not registered yet",
+                           url, last_said - started)
+        try:
+            done.get(timeout=interval)
+            return False
+        except queue.Empty:
+            pass
+    logger.info("Web registration: a worker answers %s after %.1f s; registering", url, time.monotonic() - started)
+    return True
 
 
 def main(argv):
@@ -52,14 +87,19 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: done.put(signum))
     threading.Thread(target=_wait_for_eof, args=(done,), daemon=True).start()
-    # With WEB_HEALTH_CHECK=1, the instance's own /readyz before each heartbeat: when Redis or the
-    # database stop answering it, clients skip this instance. Opt-in: the probes are requests like
-    # any other in the access log and metrics. (Over TLS the certificate may not match the address.)
     host = f"[{address}]" if ":" in address else address
-    wanted = os.environ.get("WEB_HEALTH_CHECK", "") not in ("", "0") and metadata.get("scheme", "http") == "http"
-    health = f"http://{host}:{port}/readyz" if wanted else None
+    readyz = f"{metadata.get('scheme', 'http')}://{host}:{port}/readyz"
+    # Registered only once a worker answers /readyz: the master listens long before a worker has
+    # loaded the app, and callers sent here meanwhile would wait or be refused.
+    if not wait_until_ready(readyz, done):
+        logger.info("Web registration: stopped before any worker was ready; nothing was registered")
+        return 0
+    # Then /readyz again before each heartbeat: when the workers stop answering (frozen, Redis or the
+    # database gone), clients skip this instance until it answers again. WEB_HEALTH_CHECK=0 turns
+    # that off (the probes are requests like any other in the access log and metrics).
+    follow = os.environ.get("WEB_HEALTH_CHECK", "1") != "0"
     registrar = Registrar(settings.WEB_SERVICE_NAME, address, port, metadata=metadata, instance_id=instance_id,
-                          health_check=health)
+                          health_check=(lambda: probe(readyz)) if follow else None)
     registrar.start()  # chains its own TERM/INT handler in front: it deregisters at once
     logger.info("Web registration: %s at %s:%s registered as %s", settings.WEB_SERVICE_NAME, address, port,
                 registrar.instance_id)

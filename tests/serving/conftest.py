@@ -8,11 +8,11 @@ def gunicorn(tmp_path, redis_server):
     """Start real gunicorn masters with gunicorn.conf.py against the test Redis; stopped at teardown."""
     started = []
 
-    def start(*, workers=2, args=(), env=None, directory=None):
+    def start(*, workers=2, args=(), env=None, directory=None, wait=True):
         server = Gunicorn(directory or tmp_path / f"gunicorn{len(started)}", redis_server.url,
                           workers=workers, args=args, env=env)
         started.append(server)
-        return server.start()
+        return server.start() if wait else server.launch()
 
     yield start
     for server in started:

@@ -58,10 +58,15 @@ class Gunicorn:
         self.lines = []
         self.proc = None
 
-    def start(self, timeout=60):
+    def launch(self):
+        """Start the master and return at once (``start`` waits for the workers)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", *self.args], cwd=ROOT, env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._collect, daemon=True).start()
+        return self
+
+    def start(self, timeout=60):
+        self.launch()
         wait_for(self._answers, timeout=timeout, what=f"gunicorn on port {self.port} answering /healthz")
         wait_for(lambda: len(self.worker_pids()) == self.workers and self.booted() >= self.workers,
                  timeout=timeout, what=f"{self.workers} gunicorn workers")
