@@ -4,6 +4,7 @@ Served by a middleware at the top of the stack rather than a URL: probes come fr
 with a pod IP as Host, which ALLOWED_HOSTS would refuse, and they need no session, CSRF or auth.
 """
 import json
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -56,7 +57,7 @@ def check_redis_cluster(shared, timeout):
         finally:
             client.close()
         if state != "ok":
-            raise RuntimeError(f"cluster_state is {state} on {node.name}")
+            raise ClusterNotOk(f"cluster_state is {state} on {node.name}")
         return
     raise redis.ConnectionError("no cluster node answered: " + "; ".join(errors))
 
@@ -74,6 +75,40 @@ def check_database(timeout):
 
 CHECKS = {"redis": check_redis, "database": check_database}
 
+logger = logging.getLogger("project.health")
+_last_error = {}  # check name -> the last error logged for it, in this process
+
+
+def short_reason(exc):
+    """What a probe's caller may see: a few words, never addresses, credentials or driver text (the
+    details go to this process's log)."""
+    import redis
+
+    if isinstance(exc, (redis.TimeoutError, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, redis.BusyLoadingError):
+        return "loading its data"
+    if isinstance(exc, (redis.ConnectionError, ConnectionError)):
+        return "cannot connect"
+    if isinstance(exc, ClusterNotOk):
+        return "cluster not ok"
+    return "failed"
+
+
+class ClusterNotOk(RuntimeError):
+    pass
+
+
+def _log_change(name, detail):
+    # Once per change, not per probe: an orchestrator probes every few seconds.
+    if _last_error.get(name) == detail:
+        return
+    _last_error[name] = detail
+    if detail is None:
+        logger.info("Readiness: %s answers again", name)
+    else:
+        logger.warning("Readiness: %s is failing: %s", name, detail)
+
 
 def run_checks(timeout, checks=None):
     """``{name: "ok" or what went wrong}``; every check runs at once and gets ``timeout`` seconds."""
@@ -85,12 +120,14 @@ def run_checks(timeout, checks=None):
         results = {}
         for name, future in futures.items():
             if not future.done():
-                results[name] = f"no answer within {timeout:g}s"
+                results[name] = detail = f"no answer within {timeout:g}s"
             elif future.exception() is not None:
                 exc = future.exception()
-                results[name] = f"{type(exc).__name__}: {exc}"
+                results[name] = short_reason(exc)
+                detail = f"{type(exc).__name__}: {exc}"
             else:
-                results[name] = "ok"
+                results[name], detail = "ok", None
+            _log_change(name, detail)
         return results
     finally:
         pool.shutdown(wait=False)  # a hung check must not hold the probe past its timeout
@@ -107,7 +144,7 @@ def discovery_registration():
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as exc:
-        return {"state": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+        return {"state": "unknown", "error": type(exc).__name__}
 
 
 def readiness():

@@ -108,8 +108,11 @@ def record_dead_lettered(stream, group, count=1):
 class BacklogCollector:
     """Lag, pending and dead-letter counts of the registered groups, read from Redis at scrape time."""
 
-    def __init__(self, specs=None):
+    def __init__(self, specs=None, connection=None):
+        """``connection``: a callable returning the Redis client to ask (default: the shared one, whose
+        30 s socket timeout is for blocking reads; a scrape wants a short one)."""
         self._specs = specs
+        self._connection = connection
 
     def describe(self):
         # Registering must not query Redis: REGISTRY calls describe(), else collect(), at once.
@@ -141,7 +144,7 @@ class BacklogCollector:
         streams = sorted({spec.stream for spec in specs})
         wanted = {(spec.stream, spec.group): spec for spec in specs}
         try:
-            conn = get_connection()
+            conn = (self._connection or get_connection)()
             pipe = conn.pipeline(transaction=False)
             for stream in streams:
                 pipe.xinfo_groups(stream)
