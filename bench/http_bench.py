@@ -1,7 +1,9 @@
 """Requests/s of a trivial Shoal view under gunicorn against a bare WSGI app under the same settings,
-and the failed requests while the master is sent HUP twice under load.
+and what a HUP under steady load costs: failed requests, p99 and max latency, and the longest gap with
+no completed request, during each reload (HUP until every old worker is gone) against the steady
+stretch before it.
 
-    .venv/bin/python bench/http_bench.py [--seconds 10] [--clients 8]
+    .venv/bin/python bench/http_bench.py [--seconds 10] [--clients 8] [--reload-only] [--hups 2]
 
 (Not bench/http.py: scripts run from bench/ have it first on sys.path, where a module named http
 would shadow the standard library's http package for every script there.)
@@ -14,6 +16,7 @@ compare the two figures with each other rather than with other hardware.
 """
 import argparse
 import multiprocessing
+import os
 import re
 import shutil
 import signal
@@ -60,10 +63,52 @@ def replace_workers(server):
              timeout=120, what="workers replaced after HUP")
 
 
+def window(results, start, end):
+    """Figures of the requests around [start, end]: (requests, failed, p99, max latency, longest gap)
+    where the longest gap is the longest time in the window with no request completed."""
+    overlapping = [r for r in results if r.finished >= start and r.started <= end]
+    latencies = sorted(r.seconds for r in overlapping) or [0.0]
+    finished = sorted(r.finished for r in results if start <= r.finished <= end)
+    edges = [start, *finished, end]
+    gap = max(b - a for a, b in zip(edges, edges[1:]))
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    failed = sum(r.status != 200 for r in overlapping)
+    return len(overlapping), failed, p99, latencies[-1], gap
+
+
+def reload_under_load(server, clients, hups, settle=3.0):
+    """HUP the master under steady load; compare each reload (HUP until every old worker is gone)
+    with the steady stretch before it."""
+    load = Load(server.port, "/hello", clients=clients, max_requests=10**9).start()
+    rows = []
+    try:
+        time.sleep(settle)
+        for _ in range(hups):
+            quiet_start = time.monotonic()
+            time.sleep(settle)
+            hup_at = time.monotonic()
+            replace_workers(server)
+            done_at = time.monotonic()
+            rows.append((window(load.results, quiet_start, hup_at), window(load.results, hup_at, done_at),
+                         done_at - hup_at))
+    finally:
+        load.stop()
+    print(f"{hups} HUPs under load ({clients} clients): {load.count()} requests, {len(load.failures())} failed, "
+          f"{load.retries} retried after the server closed a kept-alive connection")
+    print("                      requests  failed   p99 ms   max ms  longest gap ms")
+    for number, (outside, during, took) in enumerate(rows, start=1):
+        for label, (count, failed, p99, worst, gap) in ((f"HUP {number} outside", outside),
+                                                        (f"HUP {number} during ({took:.1f} s)", during)):
+            print(f"{label:<22}{count:>8}{failed:>8}{p99 * 1000:>9.0f}{worst * 1000:>9.0f}{gap * 1000:>16.0f}")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=10, help="Length of each measurement.")
     parser.add_argument("--clients", type=int, default=8, help="Concurrent client connections.")
+    parser.add_argument("--reload-only", action="store_true", help="Only the HUPs under load, not the req/s runs.")
+    parser.add_argument("--hups", type=int, default=2, help="HUPs under load (default 2).")
     args = parser.parse_args()
     redis = start_redis()
     scratch = Path(tempfile.mkdtemp(prefix="shoal-bench-http-"))
@@ -75,21 +120,15 @@ def main():
         for server in (shoal, bare):
             servers.append(server.start())
         print(f"gunicorn.conf.py settings: {shoal.workers} workers x 4 threads (gthread) each; {args.clients} clients, {args.seconds} s per run")
-        shoal_rate, shoal_failed, tool = measure(shoal.port, "/hello", args.seconds, args.clients)
-        bare_rate, bare_failed, _ = measure(bare.port, "/", args.seconds, args.clients)
-        print(f"load from: {tool}")
-        print(f"(a) bare WSGI hello:        {bare_rate:>8,.0f} req/s  ({bare_failed} failed)")
-        print(f"(b) Shoal view (Django):    {shoal_rate:>8,.0f} req/s  ({shoal_failed} failed)")
-        print(f"ratio b/a: {shoal_rate / bare_rate:.2f}")
+        if not args.reload_only:
+            shoal_rate, shoal_failed, tool = measure(shoal.port, "/hello", args.seconds, args.clients)
+            bare_rate, bare_failed, _ = measure(bare.port, "/", args.seconds, args.clients)
+            print(f"load from: {tool}")
+            print(f"(a) bare WSGI hello:        {bare_rate:>8,.0f} req/s  ({bare_failed} failed)")
+            print(f"(b) Shoal view (Django):    {shoal_rate:>8,.0f} req/s  ({shoal_failed} failed)")
+            print(f"ratio b/a: {shoal_rate / bare_rate:.2f}")
 
-        load = Load(shoal.port, "/hello", clients=args.clients, max_requests=10**9).start()
-        time.sleep(1)
-        for _ in range(2):
-            replace_workers(shoal)
-            time.sleep(1)
-        load.stop()
-        print(f"two HUPs under load: {load.count()} requests, {len(load.failures())} failed, "
-              f"{load.retries} retried after the server closed a kept-alive connection")
+        reload_under_load(shoal, args.clients, args.hups)
     finally:
         for server in servers:
             server.stop()
