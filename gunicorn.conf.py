@@ -141,6 +141,12 @@ def post_worker_init(worker):
         start_listener()
     except Exception:
         worker.log.exception("Broadcast listener did not start; this worker will not receive broadcasts.")
+    try:
+        from project import worker_metrics
+
+        worker_metrics.start(web_rollout.worker_slot())
+    except Exception:
+        worker.log.exception("Per-worker metrics did not start; /metrics lacks this worker's memory and uptime.")
     # Last: from now on the master may stop an old worker in favour of this one.
     web_rollout.announce_ready()
 

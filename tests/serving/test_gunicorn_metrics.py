@@ -61,3 +61,35 @@ def test_metrics_cover_every_worker_with_no_variable_preset(gunicorn):
     assert requests_counted(server) == before + 40 + 1
     files = {name for name in os.listdir(server.metrics_dir) if name.endswith(".db")}
     assert {f"counter_{pid}.db" for pid in server.worker_pids()} <= files, files
+
+
+WORKER_SERIES = re.compile(r'^shoal_web_worker_(\w+)\{([^}]*)\} (\S+)$', re.M)
+
+
+def worker_series(server):
+    status, body = server.get("/metrics", timeout=60)
+    assert status == 200, body
+    return [(name, labels, float(value)) for name, labels, value in WORKER_SERIES.findall(body)]
+
+
+def test_per_worker_memory_and_uptime_with_a_label_set_that_stays_bounded(gunicorn):
+    server = gunicorn(workers=2, args=["--max-requests", "10", "--max-requests-jitter", "0"])
+
+    def pids_shown():
+        return {int(value) for name, _, value in worker_series(server) if name == "pid"}
+
+    wait_for(lambda: pids_shown() == set(server.worker_pids()), timeout=30, what="a pid series per live worker")
+    series = worker_series(server)
+    memory = {labels: value for name, labels, value in series if name == "resident_memory_bytes"}
+    assert set(memory) == {'worker="0"', 'worker="1"'} and min(memory.values()) > 10_000_000, memory
+    assert all(value >= 0 for name, _, value in series if name == "uptime_seconds")
+    # Workers recycled again and again: the slots are reused, so the label values stay few.
+    seen = set()
+    for _ in range(8):
+        for _ in range(9):
+            # Both workers may reach max_requests together: the next one waits for a fresh worker.
+            assert server.get("/healthz", timeout=60)[0] == 200
+        seen |= {labels for _, labels, _ in worker_series(server)}
+    assert server.booted() >= 2 + 4
+    assert seen <= {f'worker="{slot}"' for slot in range(4)}, seen  # at most 2 × workers
+    assert all("pid=" not in labels for labels in seen)
