@@ -13,8 +13,8 @@ stopped, the old ones keep serving, and the master logs an ERROR (the worker log
 a later HUP with fixed code rolls forward. Outside a rollout (a worker recycled by ``max_requests``
 whose replacement cannot load the code now on disk) the master waits before forking again, 1 s
 doubling to 30 s. Only when no worker was ever ready, on the first start, does it halt, as gunicorn
-does. A new worker not ready within ``timeout`` seconds is killed and counts as failed (gunicorn's
-own timeout only runs once a worker serves).
+does. Once a worker has been ready, a new worker not ready within twice ``timeout`` is killed and
+counts as failed (gunicorn's own timeout only runs once a worker serves).
 
 gunicorn has no setting for the arbiter class, so ``install`` (from gunicorn.conf.py's
 ``on_starting``) changes the class of the running Arbiter. Written against gunicorn 27.0
@@ -195,11 +195,15 @@ class ShoalArbiter(Arbiter):
         self.kill_worker(pid, signal.SIGTERM)
 
     def _kill_slow_boots(self):
-        now = time.monotonic()
+        # Only once some worker was ready: on the first start there is nothing to fall back to, and a
+        # slow machine is no reason to halt.
+        if not self.ever_ready:
+            return
+        now, limit = time.monotonic(), 2 * self.timeout
         for pid in list(self.WORKERS):
-            if pid in self.ready or pid in self.draining or now - self.spawned_at.get(pid, now) <= self.timeout:
+            if pid in self.ready or pid in self.draining or now - self.spawned_at.get(pid, now) <= limit:
                 continue
-            self.log.error("Worker (pid:%s) did not load the application within %s s; killing it.", pid, self.timeout)
+            self.log.error("Worker (pid:%s) did not load the application within %s s; killing it.", pid, limit)
             self.spawned_at[pid] = float("inf")  # once
             self.kill_worker(pid, signal.SIGKILL)
 
