@@ -20,8 +20,6 @@ LABELS = ("worker",)
 # "max": each slot has one live writer, so the merge across processes is that writer's value.
 MEMORY = Gauge("shoal_web_worker_resident_memory_bytes", "Resident memory of the gunicorn worker in this slot.",
                LABELS, multiprocess_mode="max")
-STARTED = Gauge("shoal_web_worker_start_time_seconds", "When the gunicorn worker in this slot started (Unix time).",
-                LABELS, multiprocess_mode="max")
 UPTIME = Gauge("shoal_web_worker_uptime_seconds", "Seconds the gunicorn worker in this slot has been running.",
                LABELS, multiprocess_mode="max")
 CPU = Gauge("shoal_web_worker_cpu_seconds", "CPU time (user + system) of the gunicorn worker in this slot.",
@@ -52,7 +50,6 @@ def start(slot, interval=REFRESH):
     """Publish this worker's figures under ``slot`` now, then every ``interval`` seconds."""
     labels = (str(slot),)
     started = time.time()
-    STARTED.labels(*labels).set(started)
     PID.labels(*labels).set(os.getpid())
     update(labels, started)
 
