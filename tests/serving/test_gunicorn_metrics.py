@@ -12,9 +12,17 @@ REQUESTS = re.compile(r"^django_http_requests_before_middlewares_total (\S+)$", 
 
 
 def requests_counted(server):
-    status, body = server.get("/metrics")
+    status, body = server.get("/metrics", timeout=60)
     assert status == 200, body
     return float(REQUESTS.search(body).group(1))
+
+
+def without_probes(gunicorn, **kwargs):
+    """A gunicorn whose registration process has made its last /readyz probe (they are requests too,
+    counted like the test's own): it probes until a worker answers, then no more (WEB_HEALTH_CHECK=0)."""
+    server = gunicorn(env={"WEB_HEALTH_CHECK": "0"}, **kwargs)
+    wait_for(lambda: "a worker answers" in server.output(), timeout=60, what="the registration's last probe")
+    return server
 
 
 def only_live_and_archive_files(server):
@@ -29,12 +37,13 @@ def only_live_and_archive_files(server):
 
 
 def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunicorn):
-    server = gunicorn(workers=2, args=["--max-requests", "10", "--max-requests-jitter", "0"])
+    server = without_probes(gunicorn, workers=2, args=["--max-requests", "10", "--max-requests-jitter", "0"])
     sent = requests_counted(server)  # start-up polled /healthz; this scrape counts itself too
     seen = []
     for _ in range(12):
         for _ in range(9):
-            assert server.get("/healthz")[0] == 200
+            # When both workers recycle at once the request waits for a new one to load the app.
+            assert server.get("/healthz", timeout=60)[0] == 200
             sent += 1
         seen.append(requests_counted(server))
         sent += 1  # the scrape is counted before it collects
@@ -52,7 +61,7 @@ def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunic
 
 def test_metrics_cover_every_worker_with_no_variable_preset(gunicorn):
     # As a user starts it: nothing in the environment says where the multiprocess files go.
-    server = gunicorn(workers=2)
+    server = without_probes(gunicorn, workers=2)
     assert "PROMETHEUS_MULTIPROC_DIR" not in server.env
     before = requests_counted(server)
     for _ in range(40):  # new connections: the kernel spreads them over both workers

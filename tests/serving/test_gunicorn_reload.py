@@ -101,7 +101,10 @@ def test_a_deploy_that_cannot_load_keeps_the_old_workers_serving_and_a_fixed_one
         wait_for(lambda: sum(r.started > broken_at for r in load.results) >= 200, timeout=60,
                  what="200 requests after the aborted rollout")
         assert server.proc.poll() is None
-        wait_for(lambda: set(server.worker_pids()) == old, timeout=30, what="only the old workers left")
+        try:
+            wait_for(lambda: set(server.worker_pids()) == old, timeout=60, what="only the old workers left")
+        except AssertionError:
+            raise AssertionError(f"workers {server.worker_pids()}, old {old}:\n{server.output()[-5000:]}") from None
 
         fixing_at = time.monotonic()
         (site / "hup_view.py").write_text(VIEW.format(text="fixed code"))
