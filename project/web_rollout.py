@@ -199,9 +199,11 @@ class ShoalArbiter(Arbiter):
         # slow machine is no reason to halt.
         if not self.ever_ready:
             return
+        # Stopped ones too: a worker still loading the app only notes a TERM (its handler sets a flag),
+        # and one stuck in its import would never exit; gunicorn's own timeout does not cover it.
         now, limit = time.monotonic(), 2 * self.timeout
         for pid in list(self.WORKERS):
-            if pid in self.ready or pid in self.draining or now - self.spawned_at.get(pid, now) <= limit:
+            if pid in self.ready or now - self.spawned_at.get(pid, now) <= limit:
                 continue
             self.log.error("Worker (pid:%s) did not load the application within %s s; killing it.", pid, limit)
             self.spawned_at[pid] = float("inf")  # once
