@@ -58,7 +58,7 @@ if env_bool("SHOAL_DEMO", False):
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     # /healthz and /readyz answer here, before host validation, sessions and auth.
-    "project.health.HealthCheckMiddleware",
+    "streams_app.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

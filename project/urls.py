@@ -5,7 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from project import audit  # noqa: F401  (registers the audit trail's admin page)
-from project.metrics_view import metrics
+from streams_app.metrics_view import metrics
 
 admin.site.site_header = "Shoal control room"
 admin.site.site_title = "Shoal control room"

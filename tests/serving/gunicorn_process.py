@@ -7,7 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
-from project.cpus import available_cpus
+from shoal_common.cpus import available_cpus
 from tests.processes import children, cmdline
 from tests.redis_server import free_port
 from tests.waiting import wait_for

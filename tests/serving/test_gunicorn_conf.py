@@ -41,7 +41,7 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
 
 
 def test_the_advertised_address_is_never_loopback_for_a_bind_to_every_interface():
-    from project.web_supervision import advertised_address
+    from shoal_common.web_supervision import advertised_address
 
     def debian_style():
         return "127.0.1.1"  # what gethostbyname(hostname) gives there

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from discovery_app.registry import ServiceRegistry
-from project.web_supervision import default_route_address
+from shoal_common.web_supervision import default_route_address
 from tests.processes import children_running
 from tests.redis_server import free_port
 from tests.waiting import wait_for

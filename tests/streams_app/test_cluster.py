@@ -10,7 +10,7 @@ import pytest
 import redis as redis_lib
 from redis.cluster import RedisCluster
 
-from project.health import check_redis
+from streams_app.health import check_redis
 from shoal_common.redisconn import TRANSIENT_ERRORS, ConnectionFactory, node_client
 from streams_app import publish_many
 from streams_app.conf import get_settings

@@ -1,7 +1,7 @@
 """Worker count from cgroup v1/v2 quotas and the affinity mask, on fake cgroup trees."""
 import pytest
 
-from project.cpus import available_cpus, cgroup_cpu_limit, web_concurrency
+from shoal_common.cpus import available_cpus, cgroup_cpu_limit, web_concurrency
 
 
 def tree(tmp_path, proc_cgroup, files):

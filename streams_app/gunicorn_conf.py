@@ -8,7 +8,7 @@ across workers that survive recycling, broadcast listeners, and discovery regist
 
 The master imports no application code (no Django, no settings, no app modules): what the master
 has imported, every worker it forks inherits unreloaded, so HUP could not load new code. The
-hooks here use only ``project.cpus``, ``project.web_supervision`` and ``streams_app.metrics.multiprocess``
+hooks here use only ``shoal_common.cpus``, ``shoal_common.web_supervision`` and ``streams_app.metrics.multiprocess``
 (prometheus_client, no Django).
 
 Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
@@ -35,8 +35,9 @@ VAR.mkdir(parents=True, exist_ok=True)
 # stayed single-process and /metrics showed only the worker that took the scrape.
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR / "prometheus"))
 
-from project import web_rollout, web_supervision  # noqa: E402
-from project.cpus import web_concurrency  # noqa: E402
+from project import web_rollout  # noqa: E402
+from shoal_common import web_supervision  # noqa: E402
+from shoal_common.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
 # Where the registration supervisor writes its state, for the workers' /readyz.
 os.environ.setdefault(web_supervision.STATUS_ENV, str(VAR / "web_registration.json"))
@@ -92,7 +93,7 @@ def when_ready(server):
     metadata = {"master_pid": os.getpid(), "workers": server.num_workers, "scheme": scheme}
     # One id for the master's life: a restarted registration process replaces its own record.
     instance_id = f"web-{host}-{port}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    argv = [sys.executable, "-m", "project.web_registration", host, str(port), json.dumps(metadata), instance_id]
+    argv = [sys.executable, "-m", "discovery_app.web_registration", host, str(port), json.dumps(metadata), instance_id]
     supervisor = web_supervision.RegistrationSupervisor(argv, ROOT, server.log,
                                                         os.environ[web_supervision.STATUS_ENV])
     server.shoal_registration = supervisor.start()
