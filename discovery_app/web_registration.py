@@ -1,8 +1,8 @@
 """Keep this gunicorn instance registered in the discovery registry, from a process of its own.
 
-    python -m project.web_registration ADDRESS PORT [METADATA_JSON [INSTANCE_ID]]
+    python -m discovery_app.web_registration ADDRESS PORT [METADATA_JSON [INSTANCE_ID [WSGI_MODULE]]]
 
-gunicorn.conf.py starts it in ``when_ready`` (project/web_supervision.py supervises it: restarted
+streams_app.gunicorn_conf starts it in ``when_ready`` (shoal_common/web_supervision.py supervises it: restarted
 when it dies, with the same INSTANCE_ID). It registers once a worker answers ``/readyz``, marks the
 instance failing while ``/readyz`` does not answer (clients skip it), and lives until its stdin closes (the master exited,
 or died: the pipe closes either way) or it gets TERM/INT; then it deregisters. On TERM/INT the
@@ -12,7 +12,7 @@ master rather than code in the master because registering needs Django and the a
 whatever the master imports is inherited, unreloaded, by every worker forked after a HUP: the master
 imports no app code, so that ``kill -HUP`` loads new code.
 
-The service name is ``settings.WEB_SERVICE_NAME``; the registrar (discovery_app.registrar)
+The service name is ``settings.WEB_SERVICE_NAME`` (default ``shoal-web``); the registrar (discovery_app.registrar)
 heartbeats and re-registers after Redis outages by itself.
 """
 import json
@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import urllib.request
+from importlib import import_module
 
 logger = logging.getLogger("discovery_app.web")
 
@@ -75,7 +76,9 @@ def main(argv):
     address, port = argv[0], int(argv[1])
     metadata = json.loads(argv[2]) if len(argv) > 2 else {}
     instance_id = argv[3] if len(argv) > 3 else None
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    if len(argv) > 4 and argv[4] and "DJANGO_SETTINGS_MODULE" not in os.environ:
+        # The host's wsgi.py names its settings (os.environ.setdefault), as it does for the workers.
+        import_module(argv[4].split(":")[0])
     import django
 
     django.setup()
@@ -98,10 +101,11 @@ def main(argv):
     # database gone), clients skip this instance until it answers again. WEB_HEALTH_CHECK=0 turns
     # that off (the probes are requests like any other in the access log and metrics).
     follow = os.environ.get("WEB_HEALTH_CHECK", "1") != "0"
-    registrar = Registrar(settings.WEB_SERVICE_NAME, address, port, metadata=metadata, instance_id=instance_id,
+    service = getattr(settings, "WEB_SERVICE_NAME", "shoal-web")
+    registrar = Registrar(service, address, port, metadata=metadata, instance_id=instance_id,
                           health_check=(lambda: probe(readyz)) if follow else None)
     registrar.start()  # chains its own TERM/INT handler in front: it deregisters at once
-    logger.info("Web registration: %s at %s:%s registered as %s", settings.WEB_SERVICE_NAME, address, port,
+    logger.info("Web registration: %s at %s:%s registered as %s", service, address, port,
                 registrar.instance_id)
     while True:
         try:

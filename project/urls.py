@@ -1,11 +1,10 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from project import audit  # noqa: F401  (registers the audit trail's admin page)
-from streams_app.metrics_view import metrics
 
 admin.site.site_header = "Shoal control room"
 admin.site.site_title = "Shoal control room"
@@ -15,7 +14,8 @@ admin.site.site_url = None  # Shoal has no site besides the admin: no "View site
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
     path("admin/", admin.site.urls),
-    path("metrics", metrics, name="metrics"),
+    # /healthz, /readyz, /metrics, as any host project adds them (HealthCheckMiddleware answers the probes first).
+    path("", include("streams_app.urls")),
 ]
 if settings.DEBUG:
     # `make run` serves the admin's CSS from gunicorn; production runs collectstatic behind a web server.

@@ -1,7 +1,10 @@
-"""gunicorn settings for Shoal, picked up by ``gunicorn project.wsgi`` run from the repository root.
+"""gunicorn settings for a Shoal web tier, from any Django project (``project/`` of this repository uses it too).
+
+    gunicorn -c python:streams_app.gunicorn_conf mysite.wsgi
+    # or, in your own gunicorn.conf.py:  from streams_app.gunicorn_conf import *  (then override what you like)
 
 gunicorn's master is the web tier's pre-fork master: it forks the workers, restarts dead ones,
-recycles them after ``max_requests``, and on ``kill -HUP $(cat var/gunicorn.pid)`` starts new
+recycles them after ``max_requests``, and on ``kill -HUP <master pid>`` starts new
 workers with freshly imported code before stopping the old ones gracefully. This file adds what
 gunicorn does not do: the worker count from the CPUs the container may use, Prometheus metrics
 across workers that survive recycling, broadcast listeners, and discovery registration.
@@ -12,9 +15,11 @@ hooks here use only ``shoal_common.cpus``, ``shoal_common.web_supervision`` and 
 (prometheus_client, no Django).
 
 Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
-own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default var/prometheus),
+own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default $SHOAL_VAR_DIR/prometheus),
 WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0; default: the interface of
-the default route, never a loopback address), SHOAL_VAR_DIR.
+the default route, never a loopback address), SHOAL_VAR_DIR (default: var/ in the working directory).
+Discovery registration runs only when discovery_app is installed (a process of its own, ``python -m
+discovery_app.web_registration``).
 """
 import json
 import os
@@ -22,27 +27,22 @@ import random
 import signal
 import sys
 import uuid
+from importlib.util import find_spec
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-VAR = Path(os.environ.get("SHOAL_VAR_DIR", ROOT / "var"))
+VAR = Path(os.environ.get("SHOAL_VAR_DIR", Path.cwd() / "var"))
 VAR.mkdir(parents=True, exist_ok=True)
 # Before anything below imports prometheus_client: it picks single- or multi-process mode once, at
 # import time, and the workers inherit the master's modules. Set after the import, every worker
 # stayed single-process and /metrics showed only the worker that took the scrape.
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR / "prometheus"))
 
-from project import web_rollout  # noqa: E402
-from shoal_common import web_supervision  # noqa: E402
+from shoal_common import web_rollout, web_supervision  # noqa: E402
 from shoal_common.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
 # Where the registration supervisor writes its state, for the workers' /readyz.
 os.environ.setdefault(web_supervision.STATUS_ENV, str(VAR / "web_registration.json"))
 
-wsgi_app = "project.wsgi"
 workers = web_concurrency()
 # gthread: a few threads per process serve requests that wait on Redis or the database, and keep-alive
 # connections are held by the poller, not by a thread. No monkey-patching (gevent would change how
@@ -68,7 +68,7 @@ proc_name = "shoal-web"
 
 def on_starting(server):
     # HUP replaces a worker only once its replacement has loaded the app, and code that cannot load
-    # leaves the serving workers alone (project/web_rollout.py).
+    # leaves the serving workers alone (shoal_common/web_rollout.py).
     web_rollout.install(server)
     # Files left by a previous master belong to processes that are gone: start the counters afresh
     # (Prometheus sees a counter reset, as for any restart).
@@ -79,6 +79,8 @@ def when_ready(server):
     # The supervisor is kept on the arbiter: HUP re-reads this file into a new module, and one left
     # in the old module would be collected, closing its pipe and deregistering.
     server.shoal_registration = None
+    if find_spec("discovery_app") is None:  # finds the package without importing it
+        return
     listener = server.LISTENERS[0]
     address = listener.sock.getsockname()
     if not isinstance(address, tuple):
@@ -93,8 +95,10 @@ def when_ready(server):
     metadata = {"master_pid": os.getpid(), "workers": server.num_workers, "scheme": scheme}
     # One id for the master's life: a restarted registration process replaces its own record.
     instance_id = f"web-{host}-{port}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    argv = [sys.executable, "-m", "discovery_app.web_registration", host, str(port), json.dumps(metadata), instance_id]
-    supervisor = web_supervision.RegistrationSupervisor(argv, ROOT, server.log,
+    # The WSGI module too: importing it sets DJANGO_SETTINGS_MODULE where the environment does not.
+    argv = [sys.executable, "-m", "discovery_app.web_registration", host, str(port), json.dumps(metadata), instance_id,
+            server.app.app_uri or ""]
+    supervisor = web_supervision.RegistrationSupervisor(argv, os.getcwd(), server.log,
                                                         os.environ[web_supervision.STATUS_ENV])
     server.shoal_registration = supervisor.start()
     _deregister_first_on(server, supervisor, (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT))
@@ -143,7 +147,7 @@ def post_worker_init(worker):
     except Exception:
         worker.log.exception("Broadcast listener did not start; this worker will not receive broadcasts.")
     try:
-        from project import worker_metrics
+        from streams_app.metrics import worker as worker_metrics
 
         worker_metrics.start(web_rollout.worker_slot())
     except Exception:

@@ -1,6 +1,8 @@
 """``/healthz`` (the process answers: no I/O) and ``/readyz`` (Redis and the database answer in time).
 
-Served by a middleware at the top of the stack rather than a URL: probes come from the orchestrator
+Two ways in: ``path("", include("streams_app.urls"))`` (simplest), or the middleware
+``streams_app.health.HealthCheckMiddleware`` at the top of MIDDLEWARE (what project/ does), which answers
+before ALLOWED_HOSTS, sessions and auth: probes come from the orchestrator
 with a pod IP as Host, which ALLOWED_HOSTS would refuse, and they need no session, CSRF or auth.
 """
 import json
@@ -134,7 +136,7 @@ def run_checks(timeout, checks=None):
 
 
 def discovery_registration():
-    """The gunicorn master's registration supervisor's last word (project/web_supervision.py):
+    """The gunicorn master's registration supervisor's last word (shoal_common/web_supervision.py):
     state, pid, restarts. None outside gunicorn. Shown, not failed on: the instance serves fine
     while its registration restarts, and the supervisor restarts it within seconds."""
     path = os.environ.get("SHOAL_WEB_REGISTRATION_STATUS")
@@ -149,7 +151,7 @@ def discovery_registration():
 
 def readiness():
     started = time.monotonic()
-    results = run_checks(settings.READYZ_TIMEOUT)
+    results = run_checks(getattr(settings, "READYZ_TIMEOUT", 1.0))
     failing = [name for name, result in results.items() if result != "ok"]
     body = {
         "status": "unavailable" if failing else "ok",
@@ -165,6 +167,14 @@ def readiness():
     # django.request logs an ERROR on every probe (360 an hour per pod at Kubernetes' default period).
     response._has_been_logged = True
     return response
+
+
+def healthz(request):
+    return HttpResponse("ok\n", content_type="text/plain")
+
+
+def readyz(request):
+    return readiness()
 
 
 class HealthCheckMiddleware:

@@ -6,7 +6,7 @@ from pathlib import Path
 from django_prometheus.middleware import Metrics
 from prometheus_client import REGISTRY
 
-from project import worker_metrics  # noqa: F401  (registers the per-worker gauges)
+from streams_app.metrics import worker as worker_metrics  # noqa: F401  (registers the per-worker gauges)
 from streams_app.metrics import consumer as metrics
 from streams_app.metrics.supervisor import PoolMetrics
 

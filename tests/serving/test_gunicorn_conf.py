@@ -23,7 +23,7 @@ print(json.dumps({"workers": conf["workers"], "threads": conf["threads"], "prelo
                   "graceful_timeout": conf["graceful_timeout"], "max_requests": conf["max_requests"],
                   "jitter": conf["max_requests_jitter"], "pidfile": conf["pidfile"],
                   "metrics": os.environ["PROMETHEUS_MULTIPROC_DIR"],
-                  "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("django", "redis", "django_redis", "project", "streams_app", "discovery_app"))}))
+                  "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("django", "redis", "django_redis", "project", "shoal_common", "streams_app", "discovery_app"))}))
 """
 
 
@@ -32,7 +32,9 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     conf = json.loads(out.stdout.strip().splitlines()[-1])
-    assert conf["imported"] == ["project", "project.cpus", "project.web_rollout", "project.web_supervision", "streams_app", "streams_app.metrics", "streams_app.metrics.multiprocess"]
+    assert conf["imported"] == ["shoal_common", "shoal_common.cpus", "shoal_common.web_rollout",
+                                "shoal_common.web_supervision", "streams_app", "streams_app.gunicorn_conf",
+                                "streams_app.metrics", "streams_app.metrics.multiprocess"]
     assert conf["workers"] == 3 and conf["threads"] == 4
     assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
     assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]

@@ -54,7 +54,7 @@ def test_the_registration_process_stops_cleanly_on_sigterm_and_is_started_again(
     server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test"})
     registry = ServiceRegistry()
     wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
-    [registration] = children_running(server.proc.pid, "project.web_registration")
+    [registration] = children_running(server.proc.pid, "discovery_app.web_registration")
     assert registration == registration_status(server)["pid"]
 
     os.kill(registration, signal.SIGTERM)

@@ -1,6 +1,6 @@
 """Per-worker process figures of the gunicorn web tier, in /metrics: memory, uptime, CPU, pid.
 
-Labelled by the worker's slot (project/web_rollout.py), not its pid: slots are reused as workers
+Labelled by the worker's slot (shoal_common/web_rollout.py), not its pid: slots are reused as workers
 are recycled, so the series stay within 0..2×workers (a HUP runs old and new side by side) where
 pids would make a new series for every worker ever started. ``shoal_web_worker_pid`` says which
 process holds a slot now. A dead worker's gauges leave with it (its files are removed when the
