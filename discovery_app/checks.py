@@ -31,6 +31,11 @@ def _fallback_errors(fallbacks):
     return problems
 
 
+CACHE_HINT = ("The registry lives in Redis, reached through a django-redis cache: in settings, "
+              "CACHES = {'default': shoal_common.cache.redis_cache(REDIS_URL)} (README 'Add Shoal to your project'), "
+              "or point DISCOVERY['REDIS_ALIAS'] at a cache with BACKEND 'django_redis.cache.RedisCache'.")
+
+
 @register()
 def check_discovery_settings(app_configs=None, **kwargs):
     user = getattr(settings, "DISCOVERY", {})
@@ -80,8 +85,8 @@ def check_discovery_settings(app_configs=None, **kwargs):
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
         errors.append(Error(f"DISCOVERY['REDIS_ALIAS'] is {alias!r}, which is not in CACHES.",
-                            hint="Point it at a django-redis cache alias.", id="discovery_app.E009"))
+                            hint=CACHE_HINT, id="discovery_app.E009"))
     elif "django_redis" not in caches[alias].get("BACKEND", ""):
         errors.append(Error(f"CACHES[{alias!r}] does not use django-redis.",
-                            hint="Use BACKEND 'django_redis.cache.RedisCache'.", id="discovery_app.E009"))
+                            hint=CACHE_HINT, id="discovery_app.E009"))
     return errors

@@ -5,6 +5,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from project.env import database_from_url, env_bool, env_int, env_list
+from shoal_common.cache import redis_cache
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SHOAL_VAR_DIR", BASE_DIR / "var"))
@@ -102,20 +103,7 @@ PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the databa
 
 # django-redis owns the Redis connections. Its pools are per process (redis-py resets a pool
 # it finds was created before fork()), so forked consumer workers never share a socket.
-CACHES = {
-    "default": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
-        "OPTIONS": {
-            # One server or a Redis Cluster (detected, or forced by redis+cluster://): shoal_common.redisconn.
-            "CONNECTION_FACTORY": "shoal_common.redisconn.ConnectionFactory",
-            "SOCKET_CONNECT_TIMEOUT": 5,
-            # Must outlast the longest blocking read (STREAMS["BLOCK_MS"]); a system check says so.
-            "SOCKET_TIMEOUT": 30,
-            "CONNECTION_POOL_KWARGS": {"health_check_interval": 30},
-        },
-    },
-}
+CACHES = {"default": redis_cache(REDIS_URL)}
 
 STREAMS = {}
 

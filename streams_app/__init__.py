@@ -5,6 +5,8 @@
 The names are imported lazily so that ``import streams_app`` works before Django is set up.
 """
 
+__version__ = "1.0.0"  # the django-shoal distribution's version (pyproject.toml reads it; CHANGELOG.md)
+
 __all__ = ["publish", "publish_many", "consumer", "Message"]
 
 

@@ -1,9 +1,25 @@
 """System checks for ``settings.STREAMS`` (ids streams_app.E00x / W00x are stable)."""
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from shoal_common.appsettings import kind_errors
 from streams_app.defaults import DEFAULTS, SETTINGS
+
+
+CACHE_HINT = ("Shoal reaches Redis through a django-redis cache: in settings, "
+              "CACHES = {'default': shoal_common.cache.redis_cache(REDIS_URL)} (README 'Add Shoal to your project'), "
+              "or point STREAMS['REDIS_ALIAS'] at a cache with BACKEND 'django_redis.cache.RedisCache'.")
+
+
+@register()
+def check_installed_apps(app_configs=None, **kwargs):
+    # The admin pages of both apps extend shoal_common's templates: without it they fail at the first click.
+    if apps.is_installed("shoal_common"):
+        return []
+    return [Error("'shoal_common' is not in INSTALLED_APPS; the Streams admin pages need its templates.",
+                  hint="INSTALLED_APPS += ['shoal_common', 'streams_app', 'discovery_app'] "
+                       "(README 'Add Shoal to your project').", id="streams_app.E040")]
 
 
 @register()
@@ -35,7 +51,7 @@ def check_streams_settings(app_configs=None, **kwargs):
         errors.append(
             Error(
                 f"STREAMS['REDIS_ALIAS'] is {alias!r}, which is not in CACHES.",
-                hint="Point it at a django-redis cache alias.",
+                hint=CACHE_HINT,
                 id="streams_app.E004",
             )
         )
@@ -43,7 +59,7 @@ def check_streams_settings(app_configs=None, **kwargs):
         errors.append(
             Error(
                 f"CACHES[{alias!r}] does not use django-redis.",
-                hint="Use BACKEND 'django_redis.cache.RedisCache' so Shoal can get a Redis connection.",
+                hint=CACHE_HINT,
                 id="streams_app.E005",
             )
         )
@@ -125,7 +141,7 @@ def _check_codec(name):
                       hint=f"Use one of {', '.join(map(repr, ENGINES))} (default 'orjson').", id="streams_app.E030")]
     problem = engine_error(name)
     if problem:
-        return [Error(f"STREAMS['CODEC'] is {name!r}, but {problem}.", hint=f"pip install {name} (it is in requirements.txt), or set STREAMS['CODEC'] = 'json'.",
+        return [Error(f"STREAMS['CODEC'] is {name!r}, but {problem}.", hint=f"pip install {name} (a dependency of django-shoal), or set STREAMS['CODEC'] = 'json'.",
                       id="streams_app.E030")]
     return []
 

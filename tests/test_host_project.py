@@ -1,0 +1,231 @@
+"""Shoal in someone else's Django project: the wheel built from this checkout, installed into a fresh
+virtualenv beside a new ``django-admin startproject``, set up with the README's "Add Shoal to your
+project" blocks as written.
+
+The venv gets the wheel and its dependencies from the package index pip is configured with (as
+``make deps`` does); nothing of this checkout is on its path (commands run from a temporary
+directory, without PYTHONPATH), which the host's own script asserts: ``project`` is not importable
+there and the apps come from the venv's site-packages.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.redis_server import RedisServer
+from tests.waiting import wait_for
+
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?P<body>.*?)```", re.S)
+PACKAGES = ("streams_app", "discovery_app", "shoal_common")
+
+CONSUMERS = '''
+import json
+import os
+from pathlib import Path
+
+from streams_app import consumer
+
+OUT = Path(os.environ.get("SHOP_OUT", "."))
+
+
+@consumer("orders", group="shipping")
+def ship(message):
+    (OUT / f"shipped-{message.payload['order_id']}.json").write_text(json.dumps(message.payload))
+
+
+@consumer("orders", group="audit", max_deliveries=1)
+def audit(message):
+    raise ValueError("the audit service is down")
+'''
+
+# Run with the venv's python inside the host project: what the host sees, through its own urls.
+PROBE = '''
+import importlib.util, json, os, sys
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "host.settings")
+django.setup()
+from django.contrib.auth.models import User
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+import streams_app
+
+setup_test_environment()  # ALLOWED_HOSTS takes the test client's "testserver"; the database is the host's own
+
+admin = User.objects.create_superuser("admin", "admin@example.com", "pw")
+client = Client()
+client.force_login(admin)
+pages = {path: client.get(path) for path in (
+    "/admin/streams_app/stream/", "/admin/streams_app/consumergroup/", "/admin/streams_app/deadletter/",
+    "/healthz", "/readyz", "/metrics")}
+print(json.dumps({
+    "status": {path: r.status_code for path, r in pages.items()},
+    "dead_letters_page": pages["/admin/streams_app/deadletter/"].content.decode(),
+    "groups_page": pages["/admin/streams_app/consumergroup/"].content.decode(),
+    "healthz": pages["/healthz"].content.decode(),
+    "metrics": pages["/metrics"].content.decode(),
+    "project_importable": importlib.util.find_spec("project") is not None,
+    "streams_app": streams_app.__file__,
+    "sys_path": sys.path,
+}))
+'''
+
+
+def readme_blocks():
+    return {m["file"]: m["body"] for m in HOST_BLOCK.finditer((ROOT / "README.md").read_text())}
+
+
+def test_the_readme_has_the_host_project_blocks():
+    assert set(readme_blocks()) == {"settings.py", "urls.py"}
+
+
+def checkout_copy(dest):
+    """The checkout's files as git sees them (tracked, and new ones not ignored): no .venv, var/, build/."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def run(args, **kwargs):
+    out = subprocess.run(args, capture_output=True, text=True, **{"timeout": 600, **kwargs})
+    assert out.returncode == 0, f"{args} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def build_wheel(tmp_path):
+    source = checkout_copy(tmp_path / "checkout")
+    wheels = tmp_path / "wheels"
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(source)])
+    [wheel] = wheels.glob("django_shoal-*.whl")
+    return wheel
+
+
+def assert_wheel_contents(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == set(PACKAGES)  # not project/, tests/, bench/, demo/
+    for expected in ("streams_app/lua/replay.lua", "streams_app/templates/admin/streams_app/summary.html",
+                     "shoal_common/templates/admin/shoal/confirm_action.html", "streams_app/migrations/0001_initial.py",
+                     "discovery_app/migrations/0001_initial.py", "streams_app/urls.py", "streams_app/gunicorn_conf.py",
+                     *(f"{package}/py.typed" for package in PACKAGES)):
+        assert expected in names, expected
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "Requires-Dist: Django<6.0,>=5.2" in metadata or "Requires-Dist: django<6.0,>=5.2" in metadata.lower()
+
+
+def host_env(venv, redis_url, out):
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}", VIRTUAL_ENV=str(venv), REDIS_URL=redis_url,
+               SHOP_OUT=str(out), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def make_host_project(site, venv, env):
+    run([str(venv / "bin" / "django-admin"), "startproject", "host", str(site)], cwd=site.parent, env=env)
+    blocks = readme_blocks()
+    for name, block in blocks.items():
+        with open(site / "host" / name, "a") as f:
+            f.write("\n# Added per the README's 'Add Shoal to your project'\n" + block)
+    run([str(venv / "bin" / "python"), "manage.py", "startapp", "shop"], cwd=site, env=env)
+    (site / "shop" / "consumers.py").write_text(CONSUMERS)
+    with open(site / "host" / "settings.py", "a") as f:
+        f.write('\nINSTALLED_APPS += ["shop"]\n')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
+    wheel = build_wheel(tmp_path)
+    assert_wheel_contents(wheel)
+
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)])
+    python = str(venv / "bin" / "python")
+    env = host_env(venv, "redis://unused", tmp_path)
+    run([python, "-m", "pip", "install", "--quiet", str(wheel)], cwd=tmp_path, env=env)
+
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        env = host_env(venv, server.url, out)
+        site = tmp_path / "site"
+        site.mkdir()
+        make_host_project(site, venv, env)
+        manage = [python, "manage.py"]
+
+        run([*manage, "check"], cwd=site, env=env)
+        run([*manage, "migrate", "--verbosity", "0"], cwd=site, env=env)
+        entry_id = run([*manage, "publish", "orders", '{"order_id": 7}'], cwd=site, env=env).strip()
+        assert re.fullmatch(r"\d+-\d+", entry_id)
+
+        consumer = subprocess.Popen([*manage, "runconsumer"], cwd=site, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+        try:
+            redis_client = server.client()
+            wait_for(lambda: (out / "shipped-7.json").exists() or consumer.poll() is not None, timeout=120,
+                     what="the host's @consumer handling the message")
+            assert consumer.poll() is None, consumer.stdout.read()
+            assert json.loads((out / "shipped-7.json").read_text()) == {"order_id": 7}
+            wait_for(lambda: redis_client.xlen("{orders}:dlq") == 1, timeout=120,
+                     what="the failing handler's message dead-lettered")
+        finally:
+            consumer.send_signal(signal.SIGTERM)
+            output, _ = consumer.communicate(timeout=120)
+        assert consumer.returncode == 0, output
+
+        run([*manage, "runreclaimer", "--once"], cwd=site, env=env)
+
+        probe = json.loads(run([python, "-c", PROBE], cwd=site, env=env).strip().splitlines()[-1])
+        dry_run = run([*manage, "replay", "orders", "--group", "audit", "--all", "--dry-run"], cwd=site, env=env)
+        services = json.loads(run([*manage, "discover", "--json"], cwd=site, env=env))
+    finally:
+        server.stop()
+
+    assert probe["status"] == {"/admin/streams_app/stream/": 200, "/admin/streams_app/consumergroup/": 200,
+                               "/admin/streams_app/deadletter/": 200, "/healthz": 200, "/readyz": 200, "/metrics": 200}
+    assert probe["healthz"] == "ok\n"
+    assert "the audit service is down" in probe["dead_letters_page"]  # the audit group's dead letter, mirrored from Redis
+    assert "shipping" in probe["groups_page"] and "audit" in probe["groups_page"]
+    assert 'shoal_group_lag{group="shipping",stream="orders"} 0.0' in probe["metrics"], probe["metrics"]
+    assert "Would replay 1 dead letters of orders for group audit" in dry_run
+    # discovery_app's commands answer too: no service is registered.
+    assert services in ([], {})
+    assert probe["project_importable"] is False
+    assert probe["streams_app"].startswith(str(venv))
+    assert not any(str(ROOT) in entry for entry in probe["sys_path"])
+
+
+def test_a_host_project_without_the_redis_cache_gets_the_check_not_a_traceback(tmp_path):
+    """Django's default CACHES (local memory): `check` names the setting to add, in the README's words."""
+    settings = tmp_path / "hostsettings.py"
+    settings.write_text(textwrap.dedent("""\
+        SECRET_KEY = "x"
+        INSTALLED_APPS = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+                          "django.contrib.sessions", "django.contrib.messages", "streams_app", "discovery_app"]
+        DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    """))
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hostsettings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    out = subprocess.run([sys.executable, "-m", "django", "check"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr, out.stderr
+    for expected in ("streams_app.E005", "discovery_app.E009", "streams_app.E040", "redis_cache(REDIS_URL)"):
+        assert expected in out.stderr, out.stderr
