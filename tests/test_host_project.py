@@ -7,6 +7,7 @@ The venv gets the wheel and its dependencies from the package index pip is confi
 directory, without PYTHONPATH), which the host's own script asserts: ``project`` is not importable
 there and the apps come from the venv's site-packages.
 """
+import http.client
 import json
 import os
 import re
@@ -15,12 +16,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, free_port
 from tests.waiting import wait_for
 
 
@@ -29,6 +31,7 @@ HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?
 PACKAGES = ("streams_app", "discovery_app", "shoal_common")
 
 CONSUMERS = '''
+import http.client
 import json
 import os
 from pathlib import Path
@@ -151,6 +154,48 @@ def make_host_project(site, venv, env):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
+def web_tier(site, venv, env, manage):
+    """gunicorn with the packaged config, as the README says: it serves and registers in discovery."""
+    port = free_port()
+    # DJANGO_SETTINGS_MODULE stays unset: the workers, and the registration process, learn it from host.wsgi.
+    proc = subprocess.Popen([str(venv / "bin" / "gunicorn"), "-c", "python:streams_app.gunicorn_conf", "--bind",
+                             f"127.0.0.1:{port}", "host.wsgi"], cwd=site, env={**env, "WEB_CONCURRENCY": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        def answers():
+            assert proc.poll() is None, "".join(lines)
+            try:
+                return get(port, "/healthz")
+            except OSError:
+                return None
+
+        healthz = wait_for(answers, timeout=120, what="the host's gunicorn answering /healthz")
+
+        def registered():
+            found = json.loads(run([*manage, "discover", "shoal-web", "--json"], cwd=site, env=env))["instances"]
+            return found and found[0]["url"]
+
+        url = wait_for(registered, timeout=120, interval=1, what="the web tier registered in discovery")
+        metrics = get(port, "/metrics")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    return {"port": port, "healthz": healthz, "metrics": metrics, "registered": url, "returncode": proc.returncode,
+            "output": "".join(lines)}
+
+
+def get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
 def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     wheel = build_wheel(tmp_path)
     assert_wheel_contents(wheel)
@@ -159,7 +204,7 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     run([sys.executable, "-m", "venv", str(venv)])
     python = str(venv / "bin" / "python")
     env = host_env(venv, "redis://unused", tmp_path)
-    run([python, "-m", "pip", "install", "--quiet", str(wheel)], cwd=tmp_path, env=env)
+    run([python, "-m", "pip", "install", "--quiet", f"{wheel}[gunicorn]"], cwd=tmp_path, env=env)
 
     server = RedisServer(tmp_path / "redis").start()
     try:
@@ -196,6 +241,7 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
         probe = json.loads(run([python, "-c", PROBE], cwd=site, env=env).strip().splitlines()[-1])
         dry_run = run([*manage, "replay", "orders", "--group", "audit", "--all", "--dry-run"], cwd=site, env=env)
         services = json.loads(run([*manage, "discover", "--json"], cwd=site, env=env))
+        web = web_tier(site, venv, env, manage)
     finally:
         server.stop()
 
@@ -207,7 +253,10 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     assert 'shoal_group_lag{group="shipping",stream="orders"} 0.0' in probe["metrics"], probe["metrics"]
     assert "Would replay 1 dead letters of orders for group audit" in dry_run
     # discovery_app's commands answer too: no service is registered.
-    assert services in ([], {})
+    assert services == {}
+    assert web["healthz"] == (200, "ok\n") and web["metrics"][0] == 200
+    assert web["registered"] == f"http://127.0.0.1:{web['port']}", web["output"]
+    assert web["returncode"] == 0, web["output"]
     assert probe["project_importable"] is False
     assert probe["streams_app"].startswith(str(venv))
     assert not any(str(ROOT) in entry for entry in probe["sys_path"])
