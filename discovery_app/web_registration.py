@@ -114,7 +114,7 @@ def main(argv):
         except queue.Empty:
             pass
     registrar.stop()
-    logger.info("Web registration: %s at %s:%s deregistered", settings.WEB_SERVICE_NAME, address, port)
+    logger.info("Web registration: %s at %s:%s deregistered", service, address, port)
     return 0
 
 

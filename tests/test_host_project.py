@@ -182,8 +182,9 @@ def web_tier(site, venv, env, manage):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
+    left = json.loads(run([*manage, "discover", "shoal-web", "--json"], cwd=site, env=env))["instances"]
     return {"port": port, "healthz": healthz, "metrics": metrics, "registered": url, "returncode": proc.returncode,
-            "output": "".join(lines)}
+            "left_registered": left, "output": "".join(lines)}
 
 
 def get(port, path):
@@ -256,7 +257,8 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     assert services == {}
     assert web["healthz"] == (200, "ok\n") and web["metrics"][0] == 200
     assert web["registered"] == f"http://127.0.0.1:{web['port']}", web["output"]
-    assert web["returncode"] == 0, web["output"]
+    assert web["returncode"] == 0 and web["left_registered"] == [], web["output"]
+    assert "Traceback" not in web["output"], web["output"]
     assert probe["project_importable"] is False
     assert probe["streams_app"].startswith(str(venv))
     assert not any(str(ROOT) in entry for entry in probe["sys_path"])
