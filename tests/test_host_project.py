@@ -5,7 +5,9 @@ project" blocks as written.
 The venv gets the wheel and its dependencies from the package index pip is configured with (as
 ``make deps`` does); nothing of this checkout is on its path (commands run from a temporary
 directory, without PYTHONPATH), which the host's own script asserts: ``project`` is not importable
-there and the apps come from the venv's site-packages.
+there and the apps come from the venv's site-packages. runconsumer runs as a supervisor with two
+workers: they are started as ``python -m streams_app.supervisor.worker_main`` and must find the host's
+settings and consumers.py too.
 """
 import http.client
 import json
@@ -222,7 +224,7 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
         entry_id = run([*manage, "publish", "orders", '{"order_id": 7}'], cwd=site, env=env).strip()
         assert re.fullmatch(r"\d+-\d+", entry_id)
 
-        consumer = subprocess.Popen([*manage, "runconsumer"], cwd=site, env=env, stdout=subprocess.PIPE,
+        consumer = subprocess.Popen([*manage, "runconsumer", "--workers", "2"], cwd=site, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
         try:
             redis_client = server.client()
