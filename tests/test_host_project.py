@@ -282,3 +282,32 @@ def test_a_host_project_without_the_redis_cache_gets_the_check_not_a_traceback(t
     assert "Traceback" not in out.stderr, out.stderr
     for expected in ("streams_app.E005", "discovery_app.E009", "streams_app.E040", "redis_cache(REDIS_URL)"):
         assert expected in out.stderr, out.stderr
+
+
+def test_a_host_manage_py_with_the_packaged_entry_point_reports_a_broken_consumers_py_in_one_line(tmp_path):
+    """docs/install.md's manage.py: a consumers.py that fails to import is exit 3 and one line, not a traceback."""
+    (tmp_path / "brokenapp").mkdir()
+    (tmp_path / "brokenapp" / "__init__.py").write_text("")
+    (tmp_path / "brokenapp" / "consumers.py").write_text("import a_module_nobody_installed\n")
+    (tmp_path / "hostsettings.py").write_text(textwrap.dedent("""\
+        from shoal_common.cache import redis_cache
+        SECRET_KEY = "x"
+        INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "shoal_common", "streams_app", "brokenapp"]
+        DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+        CACHES = {"default": redis_cache("redis://127.0.0.1:1/0")}
+    """))
+    (tmp_path / "manage.py").write_text(textwrap.dedent("""\
+        import os, sys
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hostsettings")
+        from streams_app.commandline import execute_from_command_line
+
+        execute_from_command_line(sys.argv)
+    """))
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(ROOT)  # the apps from this checkout; the host's modules from its own directory
+    out = subprocess.run([sys.executable, "manage.py", "runconsumer"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.startswith("Configuration error in consumers.py: importing brokenapp.consumers failed"), out.stderr
+    assert "Traceback" not in out.stderr
