@@ -18,6 +18,14 @@ def replay_all(model_admin, request, group):
 
         raise PermissionDenied
     stream = group.stream.name
+    # One job per group at a time: a second one (a double submit, two operators) would replay again the
+    # letters that failed again since the first replay, running every failing message twice over.
+    pending = ReplayJob.objects.filter(stream=stream, group=group.name,
+                                       state__in=(ReplayJob.QUEUED, ReplayJob.RUNNING)).order_by("created_at").first()
+    if pending is not None:
+        model_admin.message_user(request, f"A replay of the dead letters of {group} is already {pending.state} "
+                                          f"(job {pending.pk}); nothing new was queued.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:streams_app_replayjob_change", args=[pending.pk]))
     if request.POST.get("post") != "yes":
         return confirmation(
             request, model_admin, title=f"Replay every dead letter of {group}", action="replay_all",

@@ -87,6 +87,14 @@ def replay_edited(model_admin, request, object_id):
 def _edited_payload(text, types_text):
     """(the payload with its types applied, '') or (None, what is wrong with the operator's input)."""
     try:
+        return _checked_payload(text, types_text)
+    except RecursionError:
+        return None, ("This is nested too deeply to be handled (JSON nested about a thousand levels deep). "
+                      "Nothing was replayed.")
+
+
+def _checked_payload(text, types_text):
+    try:
         payload = json.loads(text)
         json.dumps(payload, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -240,6 +240,9 @@ def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its
     assert "waiting for the reclaim daemon" in queued.content.decode()
     assert redis.xlen("{jobs}:dlq") == 1203  # nothing replayed inside the request
     assert LogEntry.objects.filter(change_message__contains=f"(replay job {job.pk})").exists()
+    # A second submit while that job waits queues nothing (it would replay again what fails again).
+    again = client.post(url, {"action": "replay_all", "post": "yes"}, follow=True)
+    assert ReplayJob.objects.count() == 1 and "already queued" in again.content.decode()
 
     Reclaimer(select(["jobs:a"]), conn=get_connection(), config=get_settings()).tick()
     job.refresh_from_db()
