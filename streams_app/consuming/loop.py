@@ -510,6 +510,8 @@ class GroupLoop:
         self.to_ack.extend(result.acked)
         for outcome in result.failed:
             self.on_failure(outcome)
+        if result.unrun:
+            self._not_run(result.unrun)  # waited behind a failure: that delivery must not count
         if result.left:
             self._submit(result.left)  # still ours in the PEL; the smaller chunk size now applies
 

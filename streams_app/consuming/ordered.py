@@ -76,6 +76,7 @@ def run_in_order(handler, messages, guard=None, budget=None, *, still_owner):
     close_old_connections()
     result = chunk.close([*left, *dropped])  # neither was started: out of the in-flight gauge
     result.left = left  # handed out again now; ``dropped`` waits in the PEL for replay
+    result.unrun = dropped  # their delivery ran nothing: the loop takes its count back
     return result
 
 
@@ -86,6 +87,7 @@ def _one_chunk_each(handler, messages, guard, budget, still_owner):
     done = 0
     for index, message in enumerate(messages):
         if not still_owner():
+            total.unrun = messages[index:]
             break
         if budget is not None and index and time.perf_counter() - started > budget:
             total.left = messages[index:]
@@ -95,6 +97,7 @@ def _one_chunk_each(handler, messages, guard, budget, still_owner):
         total.acked += result.acked
         total.failed += result.failed
         if result.failed:
+            total.unrun = messages[index + 1:]
             break
     total.seconds_per_message = (time.perf_counter() - started) / max(done, 1)
     return total
@@ -224,7 +227,12 @@ class OrderedGroupLoop(GroupLoop):
         return []
 
     def replay(self, count, now):
-        """This consumer's pending entries, in id order: a failed head after its back-off, then the rest."""
+        """This consumer's pending entries, in id order: a failed head after its back-off, then the rest.
+
+        Each entry handed out is a counted delivery (``message.deliveries`` is one more than Redis
+        had); those left unrun behind a failure get that count back (``ChunkResult.unrun``), so only
+        the deliveries that ran count towards max_deliveries.
+        """
         rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=count,
                                         consumername=self.consumer)
         busy = set(self.to_ack) | {failure[0] for failure in self.to_dead_letter}
@@ -236,8 +244,9 @@ class OrderedGroupLoop(GroupLoop):
         if deliveries >= self.max_deliveries:
             self.to_dead_letter.append((head, deadletters.RECORDED_ERROR, ""))
             return []
+        # No back-off for a head that never ran (it waited behind an entry that is gone now).
         wait = backoff_seconds(deliveries, self.retry_base, self.retry_cap) - rows[0]["time_since_delivered"] / 1000
-        if wait > 0:
+        if deliveries and wait > 0:
             self.shutdown.wait(min(wait, 0.5))
             return []
         token = self.lease.token
@@ -246,15 +255,12 @@ class OrderedGroupLoop(GroupLoop):
         if reply is None:
             self._lost(token, "redeliver")
             return []
-        claimed, rest = reply
-        entries = [(to_text(i), _fields(flat), deliveries + 1) for i, flat in claimed if flat]
-        if not entries:
-            self.to_ack.append(head)  # deleted from the stream (trimmed): nothing left to handle
-        for row, found in zip(rows[1:], rest):
+        entries = []
+        for row, found in zip(rows, reply):
             if found:
-                entries.append((to_text(found[0]), _fields(found[1]), max(1, row["times_delivered"])))
+                entries.append((to_text(found[0]), _fields(found[1]), row["times_delivered"] + 1))
             else:
-                self.to_ack.append(to_text(row["message_id"]))
+                self.to_ack.append(to_text(row["message_id"]))  # deleted (trimmed): nothing left to handle
         return entries
 
     def flush_acks(self):
@@ -293,7 +299,8 @@ class OrderedGroupLoop(GroupLoop):
 
     def _submit(self, messages):
         if not self.lease.valid():
-            return  # left pending: the partition's owner hands them out
+            self._not_run(messages)  # left pending for the partition's owner: this delivery ran nothing
+            return
         super()._submit(messages)
 
     def _adapt_chunk(self, seconds):

@@ -33,12 +33,15 @@ class ChunkResult:
     ``failed``: an Outcome per message that failed. ``seconds_per_message``: handler time of the
     chunk over the messages it started (sizes the next chunks). ``left``: messages never started
     because the chunk ran out of its time budget; still pending, the loop hands them out again.
+    ``unrun``: messages never started that stay pending for a later delivery (ordered mode: those
+    behind a failed one, or after the lease was lost); the loop takes back their delivery count.
     """
 
     acked: list = field(default_factory=list)
     failed: list = field(default_factory=list)
     seconds_per_message: float = 0.0
     left: list = field(default_factory=list)
+    unrun: list = field(default_factory=list)
 
 
 def exception_text(exc):

@@ -434,3 +434,13 @@ async def records_its_order_async(message):
         raise RuntimeError(f"asked to fail delivery {message.deliveries}")
     get_connection().rpush(f"seen:{message.payload['key']}", message.payload["n"])
 consumer("iordered", group="o", ordered=True, idempotent="redis", retry_backoff=0.05)(records_its_order)
+
+
+def records_its_deliveries(message):
+    """records_its_order, and ``deliveries:<key>`` gets "n:deliveries" of every run (failed or not)."""
+    get_connection().rpush(f"deliveries:{message.payload['key']}", f"{message.payload['n']}:{message.deliveries}")
+    records_its_order(message)
+
+
+consumer("oonce", group="o", ordered=True, max_deliveries=1, retry_backoff=0.05)(records_its_deliveries)
+consumer("othrice", group="o", ordered=True, max_deliveries=3, retry_backoff=0.05)(records_its_deliveries)

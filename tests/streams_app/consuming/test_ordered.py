@@ -170,6 +170,50 @@ def test_a_failing_entry_blocks_its_partition_until_it_succeeds(redis, make_orde
         loop.tick()
 
 
+def run_until(loop, leases, done, what, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        leases.tick()
+        loop.tick()
+
+
+def test_entries_behind_a_failure_keep_their_deliveries_with_max_deliveries_1(redis, make_ordered):
+    """Only the failing entry's delivery counts: those that waited behind it run, at delivery 1."""
+    loop, leases = make_ordered("a", "oonce:o")
+    publish("oonce", {"key": "k", "n": 0, "fail": 2})  # fails its only delivery: dead-lettered
+    for n in (1, 2):
+        publish("oonce", {"key": "k", "n": n})
+    run_until(loop, leases, lambda: redis.llen("seen:k") == 2 and not redis.xpending("oonce", "o")["pending"],
+              f"entries 1 and 2 to run: {redis.lrange('deliveries:k', 0, -1)}")
+    assert redis.lrange("seen:k", 0, -1) == ["1", "2"]
+    assert redis.lrange("deliveries:k", 0, -1) == ["0:1", "1:1", "2:1"]
+    [(_, dead)] = redis.xrange("{oonce}:dlq")
+    assert dead["shoal:error"].startswith("RuntimeError: asked to fail delivery 1"), dead
+
+
+def test_deliveries_count_the_runs_of_each_entry_after_a_retry_and_a_takeover(redis, make_ordered):
+    loop, leases = make_ordered("a", "othrice:o")
+    publish("othrice", {"key": "k", "n": 0, "fail": 3})  # fails deliveries 1 and 2
+    for n in (1, 2):
+        publish("othrice", {"key": "k", "n": n})
+    run_until(loop, leases, lambda: redis.llen("seen:k") == 3, "all three to run")
+    assert redis.lrange("deliveries:k", 0, -1) == ["0:1", "0:2", "0:3", "1:1", "2:1"]
+
+    # "b" read two entries, never ran them and was paused past its lease: "a" delivers them again.
+    b, b_leases = make_ordered("b", "othrice:o")
+    leases.leave()
+    loop.lease.lost(loop.lease.token)
+    ids = [publish("othrice", {"key": "k2", "n": n}) for n in range(2)]
+    b_leases.tick()
+    b.tick()
+    assert [entry[0] for entry in b.read_owned(10, time.monotonic())] == ids
+    wait_for(lambda: redis.get(lease_key("othrice", "o")) is None, timeout=5, what="b's lease to lapse")
+    a2, a2_leases = make_ordered("a2", "othrice:o")
+    run_until(a2, a2_leases, lambda: redis.llen("seen:k2") == 2, "the new owner to run them")
+    assert redis.lrange("deliveries:k2", 0, -1) == ["0:2", "1:2"]
+
+
 def held_metric(consumer_name):
     return REGISTRY.get_sample_value("shoal_partitions_held", {"logical_stream": "single", "group": "o",
                                                                 "consumer": consumer_name})
