@@ -126,20 +126,30 @@ def ensure_recorded(conn, stream):
         sizes = {name: conn.xlen(name) for name in recorded if name not in wanted}
         held = {name: size for name, size in sizes.items() if size}
         if held:
-            raise PartitionConfigError(
-                f"stream {stream!r} has {len(recorded)} partition(s) in Redis and STREAMS['PARTITIONS'] "
-                f"now declares {len(wanted)}; {', '.join(map(repr, sorted(held)))} still hold {sum(held.values())} "
-                f"entries. Changing the count would move keys to other partitions (and break per-key "
-                f"order), so it is refused. To migrate, declare a new stream name with the new count, "
-                f"publish there, and let the old stream's consumers drain it before you remove it; or "
-                f"put the old count back in STREAMS['PARTITIONS']."
-            )
+            raise PartitionConfigError(_refusal(stream, recorded, wanted, held))
         if len(wanted) > 1:
             conn.set(record_key(stream), json.dumps(wanted))
         else:
             conn.delete(record_key(stream))
     _checked.add((stream, tuple(wanted)))
     return wanted
+
+
+def _refusal(stream, recorded, wanted, held):
+    where = f"{', '.join(map(repr, sorted(held)))} still hold {sum(held.values())} entries"
+    if len(wanted) == 1:
+        return (f"stream {stream!r} has {len(recorded)} partition(s) recorded in Redis ({record_key(stream)}) "
+                f"and STREAMS['PARTITIONS'] no longer declares it; {where}. As a plain stream, {stream!r} would "
+                f"get messages no consumer of the partitions reads (and its consumers would not read the "
+                f"partitions), so it is refused. Put {{{stream!r}: {len(recorded)}}} back in STREAMS['PARTITIONS']; to stop "
+                f"partitioning, declare a new stream name, publish there, let the old partitions drain, then "
+                f"remove them (docs/cluster.md, \"Removing the old stream\").")
+    return (f"stream {stream!r} has {len(recorded)} partition(s) in Redis and STREAMS['PARTITIONS'] "
+            f"now declares {len(wanted)}; {where}. Changing the count would move keys to other partitions "
+            f"(and break per-key order), so it is refused. To migrate, declare a new stream name with the "
+            f"new count, publish there, and let the old stream's consumers drain it before you remove it "
+            f"(docs/cluster.md, \"Removing the old stream\"); or put the old count back in "
+            f"STREAMS['PARTITIONS'].")
 
 
 def forget_checks(**kwargs):

@@ -139,9 +139,10 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
     logical, stream = stream, stream
+    # Once per process and stream: also refuses a plain publish to a stream recorded as partitioned.
+    partitions.ensure_recorded(get_connection(), logical)
     if partitions.is_partitioned(logical):
         # By the key's CRC-32 (same partition in every process), round-robin without a key.
-        partitions.ensure_recorded(get_connection(), logical)
         stream = partitions.route(logical, key)
     if pipeline is not None:
         _xadd(pipeline, stream, fields, maxlen)
@@ -223,8 +224,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
             raise error from None
     conn = get_connection()
     targets = None
+    partitions.ensure_recorded(conn, stream)
     if partitions.is_partitioned(stream):
-        partitions.ensure_recorded(conn, stream)
         targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
     if replicas is not None:
         return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,

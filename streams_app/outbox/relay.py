@@ -175,18 +175,36 @@ class Relay:
             rows = self.in_key_order(rows)
             if not rows:
                 return 0, 0
+            refused = self._layout_errors({row.stream for row in rows})
+            failed = [(row, refused[row.stream]) for row in rows if row.stream in refused]
+            rows = [row for row in rows if row.stream not in refused]
             pipe = self.redis.pipeline(transaction=False)
             for row in rows:
                 self._xadd(pipe, row)
-            replies = pipe.execute(raise_on_error=False)
-            done, failed = [], []
+            replies = pipe.execute(raise_on_error=False) if rows else []
+            done = []
             for row, reply in zip(rows, replies):
                 if isinstance(reply, TRANSIENT_ERRORS):
                     raise reply
                 (failed if isinstance(reply, Exception) else done).append((row, reply))
             self._mark(done, failed, now)
         self.relayed += len(done)
-        return len(done), len(rows)
+        return len(done), len(rows) + len(failed)
+
+    def _layout_errors(self, streams):
+        """Stream -> PartitionConfigError for the streams whose declared partitions differ from Redis's
+        record: their rows are refused (kept, retried with a growing delay) rather than sent where no
+        consumer reads them."""
+        from streams_app import partitions
+        from streams_app.exceptions import PartitionConfigError
+
+        refused = {}
+        for stream in sorted(streams):
+            try:
+                partitions.ensure_recorded(self.redis, stream)
+            except PartitionConfigError as exc:
+                refused[stream] = exc
+        return refused
 
     def in_key_order(self, rows):
         """``rows`` without those an earlier waiting row of the same stream and key must precede.

@@ -101,6 +101,30 @@ def test_a_plain_stream_with_entries_cannot_become_partitioned(redis, settings):
         publish("orders", {"n": 2})
 
 
+def test_a_partitioned_stream_with_entries_cannot_become_plain(partitioned, redis, settings):
+    """Dropped from STREAMS["PARTITIONS"]: publishing to the plain stream would strand the messages."""
+    from django.core.management import CommandError, call_command
+
+    publish("orders", {"n": 1}, key="a")
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {}}
+    with pytest.raises(PartitionConfigError, match=r"no longer declares it.*Put \{'orders': 6\} back"):
+        publish("orders", {"n": 2}, key="a")
+    with pytest.raises(PartitionConfigError, match="no longer declares it"):
+        publish_many("orders", [{"n": 3}])
+    with pytest.raises(CommandError, match="nothing was published: stream 'orders' has 6 partition.s. recorded in Redis"):
+        call_command("publish", "orders", '{"n": 4}')
+    assert not redis.exists("orders")
+    # The count changed: a clean CommandError as well, not a traceback.
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 3}}
+    with pytest.raises(CommandError, match="nothing was published: .*now declares 3"):
+        call_command("publish", "orders", '{"n": 5}')
+    # Once the old partitions are drained (here: deleted), the stream may become plain.
+    redis.delete(*partitioned)
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {}}
+    publish("orders", {"n": 6})
+    assert redis.xlen("orders") == 1 and not redis.exists("{orders}:partitions")
+
+
 def test_a_consumer_reads_every_partition_and_the_lag_is_summed(partitioned, redis, make_loop):
     specs = select(["orders:p"])
     assert [spec.stream for spec in specs] == partitioned and {spec.logical for spec in specs} == {"orders"}

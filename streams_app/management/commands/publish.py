@@ -6,7 +6,7 @@ import redis
 from django.core.management.base import BaseCommand, CommandError
 
 from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.exceptions import PartialPublishError, PublishError
+from streams_app.exceptions import PartialPublishError, PartitionConfigError, PublishError
 from streams_app.producer import publish, publish_many
 
 
@@ -29,7 +29,7 @@ class Command(BaseCommand):
                 if key is not None:
                     raise CommandError("--key names a single message; it cannot be used with '-' (many messages).")
                 ids = self._publish_lines(stream, header_dict, maxlen)
-        except PublishError as exc:
+        except (PublishError, PartitionConfigError) as exc:
             raise CommandError(f"nothing was published: {exc}") from None
         except TRANSIENT_ERRORS as exc:
             raise CommandError(f"nothing was published: Redis is unreachable ({exc}). Check REDIS_URL.") from None

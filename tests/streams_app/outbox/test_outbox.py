@@ -281,3 +281,16 @@ def test_the_relay_routes_a_partitioned_streams_rows_as_a_direct_publish_does(se
     for key in ("order-1", "order-2", "order-42"):
         assert target_stream("orders", key) == partitions.route("orders", key)
     assert target_stream("jobs", "order-1") == "jobs"
+
+
+def test_the_relay_refuses_rows_of_a_stream_recorded_as_partitioned_but_no_longer_declared(redis, relay, settings):
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 6}}
+    publish("orders", {"n": 0}, key="k")
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {}}
+    publish("orders", {"n": 1}, key="k", outbox=True)
+    publish("other", {"n": 0}, key="k", outbox=True)
+    relay().tick()
+    assert not redis.exists("orders") and redis.xlen("other") == 1
+    [row] = OutboxMessage.objects.filter(attempts__gt=0)
+    assert row.stream == "orders" and "PartitionConfigError" in row.last_error
+    assert "no longer declares it" in row.last_error and row.relayed_at is None
