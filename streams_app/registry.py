@@ -285,6 +285,15 @@ def select(selectors=()):
     for selector in selectors:
         key = split_selector(selector)
         one_partition = [spec for spec in specs if spec.name == selector and spec.partition is not None]
+        if one_partition and one_partition[0].ordered:
+            spec = one_partition[0]
+            raise ConsumerConfigError(
+                f"{selector!r} names one partition of {spec.logical!r}, whose consumer of group {spec.group!r} "
+                f"is ordered=True: in ordered mode the partitions are spread over the group's consumers by "
+                f"leases, and a consumer of one partition would count as a member of every partition's share, "
+                f"leaving partitions without an owner. Select the whole stream ({spec.logical}:{spec.group}); "
+                f"the leases give each consumer its partitions (docs/cluster.md, \"Ordered mode\")."
+            )
         if one_partition:  # "orders:3:email": one partition of a partitioned stream
             chosen.extend(spec for spec in one_partition if spec not in chosen)
             continue

@@ -214,6 +214,20 @@ def test_deliveries_count_the_runs_of_each_entry_after_a_retry_and_a_takeover(re
     assert redis.lrange("deliveries:k2", 0, -1) == ["0:2", "1:2"]
 
 
+def test_a_one_partition_selector_of_an_ordered_consumer_is_refused(ordered, redis):
+    """It would join the lease membership as a full member: the others take fewer leases, some none."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError) as raised:
+        call_command("runconsumer", f"{ordered[1]}:o")
+    assert raised.value.returncode == 3
+    assert "ordered=True" in str(raised.value) and "Select the whole stream (ordered:o)" in str(raised.value)
+    assert not redis.exists("{ordered}:members:o")
+    with pytest.raises(ConsumerConfigError, match="names one partition"):
+        select([f"{ordered[0]}:o"])
+    assert [spec.stream for spec in select(["ordered:o"])] == ordered
+
+
 def held_metric(consumer_name):
     return REGISTRY.get_sample_value("shoal_partitions_held", {"logical_stream": "single", "group": "o",
                                                                 "consumer": consumer_name})
