@@ -111,11 +111,32 @@ def _check_maxlen(maxlen):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
 
 
-def _check_replicas(replicas, outbox):
+# WAIT must end before the client's socket timeout gives up on the reply (a raw TimeoutError after
+# the entry was stored): replicas_timeout_ms stays this far below it.
+WAIT_SOCKET_MARGIN_MS = 1000
+
+
+def _check_replicas(replicas, outbox, timeout_ms):
     if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
         raise PublishError(f"replicas must be a positive integer or None, not {replicas!r}")
     if replicas is not None and outbox:
         raise PublishError("replicas= cannot be used with outbox=True: the relay publishes later, on its own connection")
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+        raise PublishError(f"replicas_timeout_ms must be a positive integer of milliseconds, not {timeout_ms!r} "
+                           "(WAIT with 0 would block until the replicas confirm, however long that takes)")
+
+
+def _check_wait_fits(conn, stream, timeout_ms):
+    """Refuse, before anything is stored, a WAIT that would outlast the client's socket timeout."""
+    seconds = node_client(conn, stream).connection_pool.connection_kwargs.get("socket_timeout")
+    if seconds is None:
+        return
+    cap = int(seconds * 1000) - WAIT_SOCKET_MARGIN_MS
+    if timeout_ms > cap:
+        raise PublishError(
+            f"replicas_timeout_ms ({timeout_ms}) must be at most {cap} ms: one second below the Redis client's "
+            f"socket timeout ({seconds} s, CACHES[...]['OPTIONS']['SOCKET_TIMEOUT']), or the client would give "
+            f"up on WAIT's reply with a connection error after the entry was stored; nothing was published")
 
 
 def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
@@ -131,7 +152,7 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     asynchronous otherwise: an entry a master acknowledged and then lost in a crash is gone.
     """
     validate_stream_name(stream)
-    _check_replicas(replicas, outbox)
+    _check_replicas(replicas, outbox, replicas_timeout_ms)
     if replicas is not None and pipeline is not None:
         raise PublishError("replicas= cannot be used with pipeline=: WAIT must follow the write on its connection")
     _check_maxlen(maxlen)
@@ -150,6 +171,7 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     conn = get_connection()
     try:
         if replicas is not None:
+            _check_wait_fits(conn, stream, replicas_timeout_ms)
             return _publish_replicated(conn, stream, fields, maxlen, replicas, replicas_timeout_ms)
         entry_id = _xadd(conn, stream, fields, maxlen)
     except redis.ResponseError as exc:
@@ -205,7 +227,7 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     NotReplicatedError (``ids`` stored, ``unconfirmed`` indexes) when fewer confirm in time.
     """
     validate_stream_name(stream)
-    _check_replicas(replicas, outbox)
+    _check_replicas(replicas, outbox, replicas_timeout_ms)
     _check_maxlen(maxlen)
     payloads = list(payloads)
     if keys is not None:
@@ -228,6 +250,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     if partitions.is_partitioned(stream):
         targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
     if replicas is not None:
+        for target in set(targets or [stream]):
+            _check_wait_fits(conn, target, replicas_timeout_ms)
         return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
                                 replicas_timeout_ms)
     ids = []

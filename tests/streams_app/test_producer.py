@@ -133,3 +133,22 @@ def test_publish_many_waiting_for_replicas_stores_everything_and_names_the_uncon
         publish_many("jobs", [{"n": 1}], replicas=0)
     with pytest.raises(PublishError, match="outbox"):
         publish_many("jobs", [{"n": 1}], replicas=1, outbox=True)
+
+
+@pytest.mark.parametrize("timeout", [0, -5, True, 1.5, "1000"])
+def test_a_bad_replicas_timeout_is_refused_before_anything_is_stored(redis, timeout):
+    # WAIT 0 blocks until the replicas confirm: with none, until the socket timeout, after the XADD.
+    for call in (lambda: publish("jobs", {"n": 1}, replicas=1, replicas_timeout_ms=timeout),
+                 lambda: publish_many("jobs", [{"n": 1}], replicas=1, replicas_timeout_ms=timeout)):
+        with pytest.raises(PublishError, match="replicas_timeout_ms must be a positive integer of milliseconds"):
+            call()
+    assert not redis.exists("jobs")
+
+
+def test_a_replicas_timeout_past_the_clients_socket_timeout_is_refused_before_anything_is_stored(redis):
+    # project/settings.py: SOCKET_TIMEOUT 30 s, so WAIT may last at most 29 000 ms.
+    for call in (lambda: publish("jobs", {"n": 1}, replicas=1, replicas_timeout_ms=29_001),
+                 lambda: publish_many("jobs", [{"n": 1}], replicas=1, replicas_timeout_ms=60_000)):
+        with pytest.raises(PublishError, match=r"must be at most 29000 ms: one second below .* socket timeout \(30 s"):
+            call()
+    assert not redis.exists("jobs")
