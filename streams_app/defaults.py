@@ -90,11 +90,12 @@ SETTINGS = (
             "Ordered mode (``@consumer(..., ordered=True)``): how long a partition's lease lasts on the Redis clock "
             "unless renewed. A consumer killed or paused longer than this loses its partitions; another takes them "
             "over within LEASE_TTL_MS + LEASE_INTERVAL_MS. Keep it above the pauses a live process may have (GC, "
-            "VM migration): a pause past it hands the partition on (docs/cluster.md)."),
+            "VM migration): a pause past it hands the partition on (docs/cluster.md). Below 1000 ms: warning "
+            "streams_app.W032 (leases that short lapse in normal operation and entries run twice)."),
     Setting("LEASE_INTERVAL_MS", 2_000, MILLISECONDS_INT,
             "Ordered mode: how often each consumer heartbeats its group's membership, renews its leases and "
-            "rebalances (at most ceil(partitions / live consumers) each). Must be below half of LEASE_TTL_MS "
-            "(streams_app.E032).", check_id="E032"),
+            "rebalances (at most ceil(partitions / live consumers) each). At most a third of LEASE_TTL_MS, so "
+            "each lease is renewed at least three times (streams_app.E032).", check_id="E032"),
     # -- the runconsumer supervisor (--workers / --min-workers) ------------------------------
     Setting("TARGET_LAG", 100, POSITIVE_INT,
             "Autoscaling aims at this backlog (XINFO GROUPS ``lag``, summed over the selected groups): above "

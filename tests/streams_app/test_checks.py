@@ -39,9 +39,11 @@ def test_broadcast_channel_must_be_a_name(settings):
     assert ids({"BROADCAST_CHANNEL": "team-a:broadcast"}, settings) == []
 
 
-def test_a_lease_interval_not_below_half_the_ttl_is_an_error(settings):
-    settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": 1500}
-    assert "streams_app.E032" in {e.id for e in check_streams_settings()}
+def test_a_lease_interval_above_a_third_of_the_ttl_is_an_error_as_its_hint_says(settings):
+    for interval in (1500, 1001):
+        settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": interval}
+        [error] = [e for e in check_streams_settings() if e.id == "streams_app.E032"]
+        assert "above a third of LEASE_TTL_MS" in error.msg and "at least three times" in error.hint
     settings.STREAMS = {"LEASE_TTL_MS": 3000, "LEASE_INTERVAL_MS": 1000}
     assert "streams_app.E032" not in {e.id for e in check_streams_settings()}
 
@@ -49,3 +51,11 @@ def test_a_lease_interval_not_below_half_the_ttl_is_an_error(settings):
 def test_an_admin_timeout_as_long_as_the_socket_timeout_warns(settings):
     assert ids({"ADMIN_REDIS_TIMEOUT": 30}, settings) == ["streams_app.W003"]
     assert ids({"ADMIN_REDIS_TIMEOUT": 0}, settings) == ["streams_app.E003"]
+
+
+def test_a_lease_ttl_below_a_second_is_warned_about(settings):
+    settings.STREAMS = {"LEASE_TTL_MS": 30, "LEASE_INTERVAL_MS": 10}
+    [warning] = [e for e in check_streams_settings() if e.id == "streams_app.W032"]
+    assert "(30 ms) is below 1000 ms" in warning.msg and warning.level == 30
+    settings.STREAMS = {"LEASE_TTL_MS": 1000, "LEASE_INTERVAL_MS": 300}
+    assert [e.id for e in check_streams_settings()] == []
