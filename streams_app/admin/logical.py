@@ -7,6 +7,8 @@ entries across partitions (the oldest of every partition, merged by id). Acting 
 stays on each partition's own pending page, where ids mean something: an id is unique only within
 its partition.
 """
+import json
+
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.template.response import TemplateResponse
@@ -20,7 +22,7 @@ from streams_app import partitions
 from streams_app.admin.mirror import entry_sort_key
 from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
 from streams_app.conf import get_settings
-from streams_app.connection import page_connection
+from streams_app.connection import TRANSIENT_ERRORS, page_connection
 
 
 def logical_url(name):
@@ -32,10 +34,17 @@ def logical_pending_url(stream, group):
 
 
 def _declared(request, parameter="name"):
+    """(logical stream, its partitions): as recorded in Redis ({S}:partitions), else as declared."""
     name = request.GET.get(parameter, "")
+    try:
+        raw = page_connection(request).get(partitions.record_key(name)) if name else None
+    except (*TRANSIENT_ERRORS, redis.ResponseError):
+        raw = None  # Redis away: the declared layout (the mirror's age says how old the rest is)
+    if raw:
+        return name, json.loads(raw)
     if not partitions.is_partitioned(name):
         raise Http404(f"{name!r} is not a partitioned stream (STREAMS['PARTITIONS'])")
-    return name
+    return name, partitions.names(name)
 
 
 def _context(model_admin, request, title):
@@ -50,9 +59,8 @@ def logical_stream(model_admin, request):
 
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    name = _declared(request)
+    name, names = _declared(request)
     mirror = model_admin.sync(request)
-    names = partitions.names(name)
     rows = {row.name: row for row in Stream.objects.filter(name__in=names)}
     parts = [{"index": i, "name": p, "row": rows.get(p),
               "dead_letters_url": reverse("admin:streams_app_deadletter_changelist") + "?" + urlencode({"stream": p})}
@@ -94,14 +102,17 @@ def logical_pending(model_admin, request):
 
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    name = _declared(request, "stream")
+    name, names = _declared(request, "stream")
     group = request.GET.get("group", "")
+    if not group:
+        raise Http404(f"give the consumer group: ?stream={name}&group=GROUP (the groups are on the logical "
+                      f"stream's page)")
     mirror = model_admin.sync(request)  # the partitions' group rows, for the links to their own pages
     conn = page_connection(request)
-    rows = {g.stream.name: g for g in ConsumerGroup.objects.filter(stream__name__in=partitions.names(name), name=group)
+    rows = {g.stream.name: g for g in ConsumerGroup.objects.filter(stream__name__in=names, name=group)
             .select_related("stream")}
     per_partition, merged = [], []
-    for index, stream in enumerate(partitions.names(name)):
+    for index, stream in enumerate(names):
         try:
             total = conn.xpending(stream, group).get("pending", 0)
             page, _ = read_pending_page(conn, stream, group, count=PENDING_PAGE_SIZE)

@@ -28,6 +28,7 @@ from streams_app import keys
 from streams_app.conf import get_settings
 from streams_app.entry_ids import id_key
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app import partitions
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.sync")
@@ -88,7 +89,10 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     now = now or dj_timezone.now()
     failures = {} if failures is None else failures
     by_group = {(s.stream, s.group): s for s in specs}
-    names = sorted({s.stream for s in specs} | set(Stream.objects.values_list("name", flat=True)))
+    known = {s.stream for s in specs} | set(Stream.objects.values_list("name", flat=True))
+    # The partitions of declared partitioned streams too, once in Redis: the web process need not
+    # register their consumers for the logical stream's page to show them.
+    names = sorted(known | set(_declared_partitions()))
     timeout = get_settings()["PENDING_TIMEOUT_MS"]
 
     pipe = conn.pipeline(transaction=False)
@@ -97,6 +101,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
         pipe.type(keys.dead_letter_key(name))
     kinds = [_text(kind) for kind in pipe.execute()]
     stream_kinds, dlq_kinds = dict(zip(names, kinds[0::2])), dict(zip(names, kinds[1::2]))
+    names = [n for n in names if n in known or stream_kinds[n] != "none" or dlq_kinds[n] != "none"]
     infos = {}
     pipe = conn.pipeline(transaction=False)
     live = [n for n in names if stream_kinds[n] == "stream"]
@@ -134,6 +139,11 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
             continue
         rows.append(stream)
     return rows
+
+
+def _declared_partitions():
+    declared = get_settings()["PARTITIONS"]
+    return [name for stream in (declared if isinstance(declared, dict) else {}) if partitions.is_partitioned(stream) for name in partitions.names(stream)]
 
 
 def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem):

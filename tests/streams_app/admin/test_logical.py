@@ -82,3 +82,27 @@ def test_logical_pages_need_staff_view_permission_and_a_partitioned_stream(clien
     staff = staff_client()
     assert staff.get("/admin/streams_app/stream/logical/?name=jobs").status_code == 404
     assert staff.get("/admin/streams_app/consumergroup/logical-pending/?stream=nothing&group=p").status_code == 404
+
+
+def test_a_logical_stream_without_a_consumer_in_the_web_process_shows_what_redis_holds(staff_client, redis, settings):
+    """No @consumer of jn here: its partitions are read from Redis all the same (not "not in Redis yet")."""
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"jn": 4}}
+    names = partitions.names("jn")
+    publish_many("jn", [{"n": n} for n in range(10)], keys=[f"k{n}" for n in range(10)])
+    ensure_group(redis, names[0], "ledger", start="0")
+    html = staff_client().get("/admin/streams_app/stream/logical/?name=jn").content.decode()
+    assert "10 entries" in html and "not in Redis yet" not in html
+    for name in names:
+        assert f'/change/">{name}</a>' in html
+    assert "Group ledger: lag " in html
+    # Dropped from STREAMS["PARTITIONS"] while Redis still records it: the page follows the record.
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {}}
+    html = staff_client().get("/admin/streams_app/stream/logical/?name=jn").content.decode()
+    assert "partitioned stream of 4 partitions" in html and "10 entries" in html
+
+
+def test_the_logical_pending_page_without_a_group_is_not_found(staff_client, orders):
+    page = staff_client().get("/admin/streams_app/consumergroup/logical-pending/?stream=orders")
+    assert page.status_code == 404
+    page = staff_client().get("/admin/streams_app/consumergroup/logical-pending/?stream=orders&group=")
+    assert page.status_code == 404
