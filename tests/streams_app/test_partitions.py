@@ -195,3 +195,25 @@ def test_runconsumer_on_the_logical_stream_reads_every_partition_exactly_once(pa
     assert sorted(handled(redis, partitioned)) == sorted(ids)  # every one, none twice
     for proc in (first, second):
         assert proc.proc.poll() is None, proc.output()
+
+
+def test_the_documented_removal_of_an_old_stream_deletes_its_keys_and_no_others(partitioned, redis, make_loop):
+    """docs/cluster.md "Removing the old stream": the snippet, run as written."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
+    [code] = re.findall(r"python manage.py shell -c '\n(.*?)\n'\n```", text, re.S)
+    publish_many("orders", [{"fail": "always"}] * 3 + [{"n": n} for n in range(20)], keys=[f"k{n}" for n in range(23)])
+    publish("orders-v2", {"n": 1})
+    loops = [make_loop(f"{name}:p") for name in partitioned]
+    run_until(loops, lambda: sum(redis.xlen(dead_letter_key(name)) for name in partitioned) == 3)
+    assert redis.exists("{orders}:partitions")
+    exec(code, {})
+    left = [name for name in partitioned if redis.exists(name) or redis.exists(dead_letter_key(name))]
+    assert left == [] and not redis.exists("{orders}:partitions")
+    if not isinstance(get_connection(), RedisCluster):  # one server: nothing of orders is left at all
+        left = [k for k in redis.scan_iter(match="*orders*") if "orders-v2" not in k
+                and not k.startswith(("handled:", "started:"))]  # the test handler's own records
+        assert left == []
+    assert redis.xlen("orders-v2") == 1
