@@ -472,3 +472,17 @@ def test_an_owner_paused_past_the_lease_hands_over_and_handles_nothing_after_it_
     assert owner_pids(redis, ["single"])["single"] == second.pid and first.proc.poll() is None
     ttl, interval = LEASES["LEASE_TTL_MS"] / 1000, LEASES["LEASE_INTERVAL_MS"] / 1000
     assert takeover <= ttl + interval + 2.0, takeover
+
+
+@pytest.mark.slow
+def test_after_a_sigkill_the_new_owner_counts_a_delivery_for_every_entry_it_redoes(redis, run_consumer):
+    """The killed owner had read a batch of three and was running the first: each is delivered again."""
+    publish_many("othrice", [{"key": "k", "n": 0, "sleep": 1.0}, {"key": "k", "n": 1}, {"key": "k", "n": 2}],
+                 keys=["k"] * 3)
+    first = run_consumer("othrice:o", streams=LEASES)
+    wait_for(lambda: redis.lrange("deliveries:k", 0, -1) == ["0:1"], timeout=60, what="the first entry to start")
+    first.kill()
+    second = run_consumer("othrice:o", streams=LEASES)
+    wait_for(lambda: redis.llen("seen:k") == 3, timeout=90, what=f"the new owner to run all three: {second.output()}")
+    assert redis.lrange("seen:k", 0, -1) == ["0", "1", "2"]
+    assert redis.lrange("deliveries:k", 0, -1) == ["0:1", "0:2", "1:2", "2:2"]
