@@ -13,3 +13,12 @@ application = get_wsgi_application()
 from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns  # noqa: B018 - the property imports the module
+
+# The system checks too: a setting `manage.py check` refuses (STREAMS["PARTITIONS"] = "not-a-number")
+# is a deploy that cannot load, like an import error; rolled out, it would serve with a broken
+# configuration. Only errors stop the boot; database checks are left to `migrate`/`check --database`.
+from django.core import checks  # noqa: E402
+
+_errors = [str(e) for e in checks.run_checks() if e.is_serious() and not e.is_silenced()]
+if _errors:
+    raise RuntimeError("The system checks found errors; this worker will not serve:\n" + "\n".join(_errors))

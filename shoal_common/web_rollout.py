@@ -247,6 +247,15 @@ class ShoalArbiter(Arbiter):
                            pid, len(serving))
             self.retiring.clear()
         else:
-            self.log.error("Worker (pid:%s) could not load the application (traceback above); the other workers "
-                           "keep serving. Next attempt in %.0f s.", pid, self.backoff)
+            serving = [p for p in self.WORKERS if p in self.ready and p not in self.draining]
+            if serving:
+                self.log.error("Worker (pid:%s) could not load the application (traceback above); the %s other "
+                               "workers keep serving. Next attempt in %.0f s.", pid, len(serving), self.backoff)
+            else:
+                # The last old worker went (recycled by max_requests, killed) and the code on disk cannot
+                # load: nothing serves. Say so as loudly as a log can, at every attempt.
+                self.log.critical("NO WORKER IS SERVING: worker (pid:%s) could not load the application "
+                                  "(traceback above) and no worker with the previous code is left. Requests wait "
+                                  "or fail until the code on disk is fixed and HUP is sent. Next attempt in %.0f s.",
+                                  pid, self.backoff)
         self.backoff = min(BACKOFF[1], self.backoff * 2)

@@ -117,6 +117,15 @@ def test_drain_and_undrain_together_or_without_an_id_are_refused(registry):
         call_command("discover", "orders", "--drain", "", stdout=io.StringIO())
 
 
+def test_discover_shows_an_instance_failing_its_health_check(registry):
+    # A user trial: the registry marked the web tier failing (clients skipped it) and discover said healthy.
+    instance = registry.register("orders", "10.0.0.1", 8000)
+    registry.set_health("orders", instance.instance_id, failing=True)
+    assert "failing its health check" in run("orders")
+    [row] = json.loads(run("orders", "--json"))["instances"]
+    assert row["failing"] is True and row["healthy"] is False
+
+
 def test_an_operator_drains_an_instance_and_brings_it_back_without_restarting_it(registry, redis):
     import time as _time
 

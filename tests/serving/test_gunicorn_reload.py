@@ -120,3 +120,16 @@ def test_a_deploy_that_cannot_load_keeps_the_old_workers_serving_and_a_fixed_one
     assert {r.body for r in load.results if r.started < fixing_at} == {"old code"}
     output = server.output()
     assert "broken deploy: cannot import" in output  # the worker's traceback, for the operator
+
+
+def test_a_deploy_whose_settings_fail_the_system_checks_is_not_rolled_out(gunicorn, site):
+    # A user trial: STREAMS["PARTITIONS"] = "not-a-number" rolled out ("Rollout complete"), /readyz 200.
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    old = set(server.worker_pids())
+    settings_file = site / "hup_settings.py"
+    settings_file.write_text(settings_file.read_text() + 'STREAMS = {**STREAMS, "PARTITIONS": "not-a-number"}\n')
+    server.signal(signal.SIGHUP)
+    wait_for(lambda: "ROLLOUT ABORTED" in server.output(), timeout=90, what="the rollout aborted")
+    assert "streams_app.E031" in server.output() and server.proc.poll() is None
+    wait_for(lambda: set(server.worker_pids()) == old, timeout=60, what="only the old workers left")
+    assert server.get("/version")[1] == "old code"

@@ -23,7 +23,9 @@ def describe(instance, server_now, factor):
         "last_heartbeat": instance.last_heartbeat,
         "heartbeat_age": round(age, 3),
         "ttl": instance.ttl,
-        "healthy": instance.is_healthy(factor, server_now),
+        # Healthy for clients: a recent heartbeat and not failing its registrar's health check.
+        "healthy": instance.is_healthy(factor, server_now) and not instance.failing,
+        "failing": instance.failing,
         "draining": instance.draining,
     }
 
@@ -68,7 +70,10 @@ class Command(BaseCommand):
             self.stdout.write(f"No live instance of {service}.")
         else:
             for row in rows:
-                health = self.style.SUCCESS("healthy") if row["healthy"] else self.style.WARNING("stale")
+                if row["failing"]:
+                    health = self.style.WARNING("failing its health check")
+                else:
+                    health = self.style.SUCCESS("healthy") if row["healthy"] else self.style.WARNING("stale")
                 if row["draining"]:
                     health += " " + self.style.WARNING("draining")
                 self.stdout.write(
