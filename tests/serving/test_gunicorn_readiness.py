@@ -44,7 +44,7 @@ def test_registered_only_once_a_worker_is_ready_and_marked_failing_while_none_an
     server = gunicorn(workers=1, wait=False, env={"PYTHONPATH": str(directory), "DJANGO_SETTINGS_MODULE": "gate_settings",
                                                   "WEB_SERVICE_NAME": "shoal-web-ready"})
     registry = ServiceRegistry()
-    wait_for(lambda: children_running(server.proc.pid, "project.web_registration"), timeout=60,
+    wait_for(lambda: children_running(server.proc.pid, "discovery_app.web_registration"), timeout=60,
              what="the registration process started")
     wait_for(lambda: "Booting worker" in server.output(), timeout=60, what="a worker booting")
     # The registration process polls /readyz twice a second; the worker is stuck loading the app.
