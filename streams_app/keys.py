@@ -28,6 +28,12 @@ def idempotency_key(stream, group, key):
     return f"{hash_tag(stream)}:idem:{group}:{key}"
 
 
+def settling_key(stream, group):
+    """Set while a group lost under its consumers settles (lua/recreate_group.lua): its value is the
+    largest last-read id reported so far; reads meanwhile are taken back (lua/take_back_read.lua)."""
+    return f"{hash_tag(stream)}:settling:{group}"
+
+
 def liveness_key(stream):
     """Consumer name -> liveness deadline (ms, Redis clock) of the consumers reading ``stream``."""
     return f"{hash_tag(stream)}:consumers"

@@ -46,7 +46,7 @@ def ensure_group(conn, stream, group, start="0"):
 LOST_GROUP_OUTCOMES = {"created": "recreated", "advanced": "moved forward", "kept": "already recreated; kept"}
 
 
-def recreate_lost_group(conn, stream, group, last_read_id, start):
+def recreate_lost_group(conn, stream, group, last_read_id, start, settle_ms=0):
     """Recreate a group lost under running consumers where it stood; return (what was done, settle).
 
     Each consumer knows only what it read itself; the group stood at the largest of those ids
@@ -56,9 +56,11 @@ def recreate_lost_group(conn, stream, group, last_read_id, start):
     another consumer created it further back. ``settle`` is True when the stream still holds
     entries this consumer may have read (XGROUP DESTROY; after a flush or a restart without
     persistence only newer ids are left): the caller then must not read until every live
-    consumer has had time to move the group forward.
+    consumer has had time to move the group forward. A group created with ``settle_ms`` is marked
+    as settling for that long (keys.settling_key): consumers that read meanwhile take the read back.
     """
-    what, first = scripts.run(conn, "recreate_group", [stream], [group, last_read_id or start])
+    what, first = scripts.run(conn, "recreate_group", [stream, keys.settling_key(stream, group)],
+                              [group, last_read_id or start, int(settle_ms)])
     first = to_text(first)
     settle = bool(first) and (last_read_id is None or id_key(first) <= id_key(last_read_id))
     return LOST_GROUP_OUTCOMES[to_text(what)], settle

@@ -36,8 +36,9 @@ from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.groups import ensure_group, recreate_lost_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
-from streams_app.keys import dead_letter_key
+from streams_app.keys import dead_letter_key, settling_key
 from streams_app.message import Message
+from streams_app.entry_ids import id_key
 from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
 
 logger = logging.getLogger("streams_app.consumer")
@@ -107,6 +108,7 @@ class GroupLoop:
         self.last_read_id = None  # where to recreate a group lost while consuming (see _recreate)
         self.lost = False  # the group vanished while consuming: recreate it with _recreate, not at start
         self.read_after = 0.0  # a recreated group is not read before then (see _recreate)
+        self.settling = settling_key(self.stream, self.group)
         self.settle_seconds = LOST_GROUP_SETTLE * (self.keep_alive_every + self.block_ms / 1000) + 1.0
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
@@ -194,9 +196,11 @@ class GroupLoop:
         consumer of the group finds it gone within that time (an idle one at once: Redis unblocks its
         read; a busy one at its next keep-alive) and moves it forward to what it read."""
         start = self.last_read_id or self.spec.start
-        what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start)
+        what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start,
+                                           self.settle_seconds * 1000)
         if settle:
-            self.read_after = now + self.settle_seconds
+            # Not before the settling marker lapses either: a read while it lives is taken back.
+            self.read_after = now + max(self.settle_seconds, self.conn.pttl(self.settling) / 1000 + 0.05)
         self._hold_again()
         logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream, what, start,
                        f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
@@ -269,9 +273,30 @@ class GroupLoop:
         finally:
             self.reading = False
         entries = [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
-        if entries:
-            self.last_read_id = entries[-1][0]
+        if not entries:
+            return entries
+        behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
+        if behind or self.conn.exists(self.settling):
+            self._read_back(entries)
+            return []
+        self.last_read_id = entries[-1][0]
         return entries
+
+    def _read_back(self, entries):
+        """A read handed out ids at or below this consumer's own last read: a group lives on ``>`` in
+        id order, so it was lost and another consumer recreated it further back before this one
+        noticed (its keep-alive had not run yet). Nothing of the read runs: lua/take_back_read.lua
+        takes it back, and the loop treats the group as lost (moves it forward to its own last read,
+        settles, puts back what it holds), as if it had seen NOGROUP."""
+        ids = [entry_id for entry_id, _, _ in entries]
+        what, kept = scripts.run(self.conn, "take_back_read", [self.stream, self.settling],
+                                 [self.group, self.consumer, self.last_read_id or "0-0", *ids])
+        logger.error("Consumer %s: group %s on %s read back %d entries from %s, at or below what this consumer "
+                     "had already read (%s) or while the group settles: the group was lost and recreated. None "
+                     "of them runs here (%s%s).", self.consumer, self.group, self.stream, len(ids), ids[0], self.last_read_id,
+                     "read undone" if to_text(what) == "undone" else to_text(what),
+                     f"; {kept} entries above {self.last_read_id} stay pending to be taken over" if kept else "")
+        self._group_lost(f"read back {ids[0]}")
 
     def _time_room(self):
         """How many more entries the threads can start within a fraction of the pending timeout.

@@ -3,10 +3,14 @@
 -- group gone, with the last entry id it read itself. The group ends at the largest of them, which is
 -- where the lost group stood (XREADGROUP > hands out entries in id order, so the consumer that read
 -- last read the largest id): nothing a consumer had read is delivered again, nothing after it is skipped.
--- KEYS: stream. ARGV: group, this consumer's last read id (or the group's start: '0', '$').
+-- KEYS: stream, settling marker. ARGV: group, this consumer's last read id (or the group's start: '0',
+-- '$'), the settling time in ms. A group created on a stream that holds entries sets the marker for
+-- the settling time, valued the largest last-read id reported; every later call raises that value.
+-- While it lives, no read is trusted (see take_back_read.lua): consumers that have not yet noticed the
+-- loss may hold entries they read before it, which the group must not hand out again.
 -- Returns {what, first}: what is 'created', 'advanced' (the group stood before this id: moved to it)
 -- or 'kept'; first is the id of the stream's first entry, or '' when it holds none.
-local stream, group, id = KEYS[1], ARGV[1], ARGV[2]
+local stream, marker, group, id, settle_ms = KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local function parse(entry_id)
   local ms, seq = string.match(entry_id, '^(%d+)%-(%d+)$')
@@ -41,10 +45,23 @@ if redis.call('EXISTS', stream) == 1 then
     if name == group then last = delivered end
   end
 end
+local function report()
+  if first == '' or not parse(id) then return end
+  local high = redis.call('GET', marker)
+  if high and not before(high, id) then return end
+  if high then
+    redis.call('SET', marker, id, 'KEEPTTL')
+  end
+end
+
 if not last then
   redis.call('XGROUP', 'CREATE', stream, group, id, 'MKSTREAM')
+  if first ~= '' and settle_ms > 0 then
+    redis.call('SET', marker, parse(id) and id or '0-0', 'PX', settle_ms)
+  end
   return {'created', first}
 end
+report()
 if before(last, id) then
   redis.call('XGROUP', 'SETID', stream, group, id)
   return {'advanced', first}

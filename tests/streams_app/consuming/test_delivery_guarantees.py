@@ -154,6 +154,49 @@ def test_xgroup_destroy_under_several_live_consumers_runs_nothing_twice_and_skip
     assert sorted(redis.lrange("started:jobs:a", 0, -1)) == sorted(published)
 
 
+@pytest.mark.parametrize("target, pool", [("jobs:a", ["--threads", "4"]), ("ajobs:a", ["--concurrency", "20"])],
+                         ids=["sync", "async"])
+def test_xgroup_destroy_under_busy_consumers_and_continuous_publishing_runs_nothing_twice(redis, run_command,
+                                                                                          target, pool):
+    """Three busy consumers, entries published all along, the group destroyed four times. Before the
+    fix a consumer that had not yet noticed the loss read at once from the group another one had just
+    recreated at an older id, and ran entries again that it or the others had already run."""
+    import threading
+
+    stream, group = target.split(":")
+    streams = {"BLOCK_MS": 500, "PENDING_TIMEOUT_MS": 2000, "CLAIM_INTERVAL_MS": 200, "BATCH_SIZE": 20}
+    workers = [run_command("runconsumer", target, *pool, streams=streams) for _ in range(3)]
+    published = []
+    done = threading.Event()
+
+    def publish():
+        while not done.is_set():
+            published.append(redis.xadd(stream, {"payload": json.dumps({"sleep": 0.01})}))
+            done.wait(0.003)
+
+    wait_for(lambda: sum(c.get("cmd") == "xreadgroup" for c in redis.client_list()) == 3, timeout=60,
+             what="three consumers blocked in XREADGROUP")
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        for destroyed in range(1, 5):
+            count = len(published)
+            wait_for(lambda c=count: redis.llen(f"handled:{target}") >= c, timeout=60, what="consumers busy")
+            redis.xgroup_destroy(stream, group)
+            wait_for(lambda n=destroyed: sum("vanished while consuming" in w.output() or "read back" in w.output()
+                                             for w in workers) >= 1 and redis.xinfo_groups(stream),
+                     timeout=60, what="the group recreated")
+    finally:
+        done.set()
+        publisher.join()
+    wait_for(lambda: set(published) <= set(redis.lrange(f"handled:{target}", 0, -1)), timeout=120,
+             what="every entry handled")
+    assert stop(*workers) == [0, 0, 0], [w.output() for w in workers]
+    lost = [[line for line in w.output().splitlines() if "group" in line and group in line] for w in workers]
+    assert duplicates(redis, "started", stream, group) == {}, lost
+    assert set(redis.lrange(f"started:{target}", 0, -1)) == set(published)
+
+
 # -- 4. Redis at maxmemory ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pool", [[], ["--workers", "2"]], ids=["single", "supervised"])
