@@ -50,7 +50,7 @@ local function report()
   local high = redis.call('GET', marker)
   if high and not before(high, id) then return end
   if high then
-    redis.call('SET', marker, id, 'KEEPTTL')
+    redis.pcall('SET', marker, id, 'KEEPTTL')  -- refused at maxmemory: the group is still moved forward
   end
 end
 
