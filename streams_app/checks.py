@@ -64,6 +64,7 @@ def check_streams_settings(app_configs=None, **kwargs):
             )
         )
     else:
+        errors.extend(_location_errors(alias, caches[alias].get("LOCATION")))
         timeout = caches[alias].get("OPTIONS", {}).get("SOCKET_TIMEOUT")
         block_ms = merged["BLOCK_MS"]
         admin_timeout = merged["ADMIN_REDIS_TIMEOUT"]
@@ -183,3 +184,23 @@ def _check_supervisor(merged):
 def settings_errors():
     """The serious problems of STREAMS, as one line each: for commands that must not start with them."""
     return [f"{e.id}: {e.msg}" for e in check_streams_settings() if e.is_serious()]
+
+
+def _location_errors(alias, location):
+    """A LOCATION redis-py cannot parse fails every command with a traceback: say so at check time
+    (nothing is connected here: the URL is only parsed)."""
+    from redis.connection import parse_url
+
+    for url in location if isinstance(location, (list, tuple)) else [location]:
+        if isinstance(url, str) and url.startswith("redis+cluster://"):
+            url = "redis://" + url[len("redis+cluster://"):]  # Shoal's own scheme for a cluster
+        try:
+            if not isinstance(url, str):
+                raise ValueError(f"a URL string is needed, not {type(url).__name__}")
+            parse_url(url)
+        except ValueError as exc:
+            return [Error(f"CACHES[{alias!r}] LOCATION {url!r} is not a Redis URL: {exc}",
+                          hint="Set REDIS_URL (or LOCATION) to redis://HOST:PORT/DB, rediss://… for TLS, "
+                               "or unix:///path/to/redis.sock.",
+                          id="streams_app.E041")]
+    return []

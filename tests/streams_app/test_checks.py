@@ -59,3 +59,12 @@ def test_a_lease_ttl_below_a_second_is_warned_about(settings):
     assert "(30 ms) is below 1000 ms" in warning.msg and warning.level == 30
     settings.STREAMS = {"LEASE_TTL_MS": 1000, "LEASE_INTERVAL_MS": 300}
     assert [e.id for e in check_streams_settings()] == []
+
+
+def test_a_redis_url_without_a_scheme_is_a_check_error_not_a_traceback_in_every_command(settings):
+    # A user trial: REDIS_URL=127.0.0.1:6379 passed `check`, then every command printed redis-py's traceback.
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": "127.0.0.1:6379"}}
+    [error] = [e for e in check_streams_settings() if e.id == "streams_app.E041"]
+    assert "'127.0.0.1:6379' is not a Redis URL" in error.msg and "redis://HOST:PORT/DB" in error.hint
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": "redis://h:1/0"}}
+    assert "streams_app.E041" not in {e.id for e in check_streams_settings()}
