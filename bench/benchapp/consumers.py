@@ -59,3 +59,59 @@ def does_nothing(message):
 # bench/ordered.py: the same no-op handler in the default (shared) mode and in ordered mode.
 consumer("ordbench", group="shared")(does_nothing)
 consumer("ordbench", group="ordered", ordered=True)(does_nothing)
+
+
+# bench/realistic.py: handlers doing real work, each recording "publish time, done time" of its message.
+
+_done = []
+_done_lock = threading.Lock()
+_done_flusher = None
+
+
+def _flush_done_forever():
+    conn = get_connection()
+    while True:
+        time.sleep(0.02)
+        with _done_lock:
+            batch, _done[:] = list(_done), []
+        if batch:
+            conn.rpush("bench:done", *batch)
+
+
+def record_done(message):
+    done = time.time()
+    global _done_flusher
+    with _done_lock:
+        _done.append(f"{message.payload['t']:.6f} {done:.6f}")
+        if _done_flusher is None:
+            _done_flusher = threading.Thread(target=_flush_done_forever, daemon=True)
+            _done_flusher.start()
+
+
+def io_wait_work(payload):
+    time.sleep(0.001)
+
+
+def orm_work(payload):
+    from tests.testapp.models import Effect
+
+    Effect.objects.create(name="bench", entry_id=str(payload["n"]))
+
+
+@consumer("real_sleep", group="bench")
+def realistic_sleep(message):
+    io_wait_work(message.payload)
+    record_done(message)
+
+
+@consumer("real_orm", group="bench")
+def realistic_orm(message):
+    orm_work(message.payload)
+    record_done(message)
+
+
+@consumer("footprint", group="bench")
+def note_first(message):
+    """bench/footprint.py: when each message was handled (the first one times start-up)."""
+    if message.payload.get("first"):
+        get_connection().rpush("bench:first", f"{time.time():.6f}")

@@ -1,0 +1,104 @@
+"""Memory and start-up of runconsumer: one process, and the supervisor with --workers 2.
+
+    .venv/bin/python bench/footprint.py [--repeat 3] [--messages 2000]
+
+Per run: a fresh stream with one message already waiting, then ``runconsumer footprint:bench`` (as
+README says; ``--workers 2`` for the supervisor) started as a subprocess; start-up is the time from
+just before the subprocess starts to the handler's own clock when it handles that message. Then
+--messages more are consumed (threads, connections and caches warmed up) and the memory of the
+processes this bench started is read from /proc/PID/smaps_rollup: RSS, PSS, and unique memory
+(USS = Private_Clean + Private_Dirty, what the kernel would free if that process exited). The workers
+are the master's children (/proc/PID/task/PID/children). Prints the load average with every figure.
+"""
+import argparse
+import os
+import signal
+import statistics
+import time
+
+from common import manage, setup_django, start_redis
+
+STREAM, GROUP = "footprint", "bench"
+
+
+def load():
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def memory(pid):
+    """RSS, PSS and USS of our own child ``pid``, in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1]) / 1024
+    return fields["Rss"], fields["Pss"], fields["Private_Clean"] + fields["Private_Dirty"]
+
+
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def wait_for(predicate, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout}s")
+        time.sleep(0.01)
+
+
+def run(server, workers, messages):
+    from streams_app import publish, publish_many
+
+    client = server.client()
+    client.delete(STREAM, "bench:first")
+    client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    publish(STREAM, {"first": True})
+    pool = [] if workers == 1 else ["--workers", str(workers)]
+    started = time.time()
+    proc = manage("runconsumer", f"{STREAM}:{GROUP}", *pool, "-v", "0", redis_url=server.url,
+                  env={"DJANGO_SETTINGS_MODULE": "bench.settings"})
+    try:
+        wait_for(lambda: client.llen("bench:first") >= 1, "the first message was not handled")
+        first = float(client.lindex("bench:first", 0)) - started
+        publish_many(STREAM, [{"n": n} for n in range(messages)])
+        wait_for(lambda: len(client.xinfo_consumers(STREAM, GROUP)) >= workers, f"{workers} consumers did not read")
+        info = lambda: client.xinfo_groups(STREAM)[0]  # noqa: E731
+        wait_for(lambda: info()["lag"] == 0 and info()["pending"] == 0, "the messages were not consumed")
+        time.sleep(1)  # past the boot: what a consumer holds while it runs
+        procs = [("master" if workers > 1 else "one process", proc.pid)]
+        procs += [(f"worker {i + 1}", pid) for i, pid in enumerate(children(proc.pid))] if workers > 1 else []
+        return first, [(name, pid, *memory(pid)) for name, pid in procs]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=2_000, help="messages consumed before memory is read")
+    args = parser.parse_args()
+    server = start_redis()
+    try:
+        setup_django(server.url, settings="bench.settings")
+        print(f"{os.cpu_count()} CPUs; {load()}")
+        for workers in (1, 2):
+            label = "runconsumer (one process)" if workers == 1 else f"runconsumer --workers {workers}"
+            starts = []
+            for i in range(args.repeat):
+                first, mem = run(server, workers, args.messages)
+                starts.append(first)
+                print(f"{label}, run {i + 1}: start to first message handled {first:.2f} s   {load()}")
+                for name, pid, rss, pss, uss in mem:
+                    print(f"    {name:<12} pid {pid:<7} RSS {rss:6.1f} MiB  PSS {pss:6.1f} MiB  USS {uss:6.1f} MiB")
+            print(f"{label}: start-up median {statistics.median(starts):.2f} s "
+                  f"(min {min(starts):.2f}, max {max(starts):.2f})   {load()}", flush=True)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
