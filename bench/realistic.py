@@ -66,19 +66,19 @@ def publish(stream, start, count):
 
 
 def warm_up(client, stream, consumers, timeout=120):
-    """Trickle messages until every consumer has shown up and nothing is left; then forget their records."""
+    """Trickle messages until every consumer has shown up and all were handled; then forget their records."""
     deadline = time.monotonic() + timeout
-    n = -1
+    sent = 0
     while time.monotonic() < deadline:
-        publish(stream, n, 1)
-        n -= 1
+        publish(stream, -1 - sent, 1)
+        sent += 1
         time.sleep(0.05)
-        info = client.xinfo_groups(stream)[0]
-        if len(client.xinfo_consumers(stream, GROUP)) >= consumers and info["lag"] == 0 and info["pending"] == 0:
-            time.sleep(0.2)  # the recorders flush every 20 ms
+        if len(client.xinfo_consumers(stream, GROUP)) >= consumers and client.llen("bench:done") >= sent:
             client.delete("bench:done")
             return
-    raise TimeoutError(f"{consumers} consumer(s) did not start on {stream} within {timeout}s")
+    raise TimeoutError(f"{consumers} consumer(s) did not start on {stream} within {timeout}s "
+                       f"({len(client.xinfo_consumers(stream, GROUP))} read, {client.llen('bench:done')} of {sent} "
+                       f"handled, group {client.xinfo_groups(stream)})")
 
 
 def collect(client, total, timeout=300):
