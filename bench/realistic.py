@@ -1,6 +1,6 @@
 """Realistic handlers: a 1 ms I/O wait and one Django ORM row on PostgreSQL, against a plain sequential loop.
 
-    .venv/bin/python bench/realistic.py            # quick default: 3,000 messages + 4 s at 100/s per row, ~3 min
+    .venv/bin/python bench/realistic.py            # quick default: 3,000 messages + 4 s at 100/s per row, ~5 min in all
     .venv/bin/python bench/realistic.py --messages 20000 --seconds 10 --rate 300
 
 Two handlers (bench/benchapp/consumers.py): ``sleep`` waits 1 ms (``time.sleep(0.001)``, a call to
