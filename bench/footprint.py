@@ -1,6 +1,6 @@
 """Memory and start-up of runconsumer: one process, and the supervisor with --workers 2.
 
-    .venv/bin/python bench/footprint.py [--repeat 3] [--messages 2000]
+    .venv/bin/python bench/footprint.py [--repeat 3] [--messages 2000] [--preload]
 
 Per run: a fresh stream with one message already waiting, then ``runconsumer footprint:bench`` (as
 README says; ``--workers 2`` for the supervisor) started as a subprocess; start-up is the time from
@@ -9,14 +9,18 @@ just before the subprocess starts to the handler's own clock when it handles tha
 processes this bench started is read from /proc/PID/smaps_rollup: RSS, PSS, and unique memory
 (USS = Private_Clean + Private_Dirty, what the kernel would free if that process exited). The workers
 are the master's children (/proc/PID/task/PID/children). Prints the load average with every figure.
+--preload adds an estimate of copy-on-write sharing: a process (not Shoal's supervisor) that sets Django
+up once and forks two consumers, measured the same way.
 """
 import argparse
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 
-from common import manage, setup_django, start_redis
+from common import ROOT, manage, setup_django, start_redis
 
 STREAM, GROUP = "footprint", "bench"
 
@@ -61,7 +65,39 @@ def wait_for(predicate, what, timeout=120):
         time.sleep(0.01)
 
 
-def run(server, workers, messages):
+def preloaded_master(workers):
+    """Not Shoal's supervisor: Django set up once, then ``workers`` forks each running one consumer.
+
+    An estimate of what a preloaded master would save by copy-on-write (no HUP, no restarts, no
+    supervision: only the memory is comparable).
+    """
+    import gc
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    gc.freeze()  # what preloading servers do, so the collector does not copy every shared page
+    pids = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            call_command("runconsumer", f"{STREAM}:{GROUP}", "-v", "0")
+            os._exit(0)
+        pids.append(pid)
+    signal.signal(signal.SIGTERM, lambda *_: [os.kill(pid, signal.SIGTERM) for pid in pids])
+    for pid in pids:
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+
+
+def run(server, workers, messages, preload=False):
     from streams_app import publish, publish_many
 
     client = server.client()
@@ -70,13 +106,19 @@ def run(server, workers, messages):
     publish(STREAM, {"first": True})
     pool = [] if workers == 1 else ["--workers", str(workers)]
     started = time.time()
-    proc = manage("runconsumer", f"{STREAM}:{GROUP}", *pool, "-v", "0", redis_url=server.url,
-                  env={"DJANGO_SETTINGS_MODULE": "bench.settings"})
+    if preload:
+        proc = subprocess.Popen([sys.executable, __file__, "--preloaded-master", str(workers)], cwd=ROOT,
+                                env={**os.environ, "REDIS_URL": server.url, "DJANGO_SETTINGS_MODULE": "bench.settings"})
+    else:
+        proc = manage("runconsumer", f"{STREAM}:{GROUP}", *pool, "-v", "0", redis_url=server.url,
+                      env={"DJANGO_SETTINGS_MODULE": "bench.settings"})
     try:
         wait_for(lambda: client.llen("bench:first") >= 1, "the first message was not handled")
         first = float(client.lindex("bench:first", 0)) - started
         publish_many(STREAM, [{"n": n} for n in range(messages)])
-        if workers > 1:
+        if preload:
+            wait_for(lambda: len(children(proc.pid)) >= workers, f"{workers} forks did not start")
+        elif workers > 1:
             wait_for(lambda: consuming(proc.pid) >= workers, f"{workers} workers did not start consuming")
         info = lambda: client.xinfo_groups(STREAM)[0]  # noqa: E731
         wait_for(lambda: info()["lag"] == 0 and info()["pending"] == 0, "the messages were not consumed")
@@ -93,7 +135,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--messages", type=int, default=2_000, help="messages consumed before memory is read")
+    parser.add_argument("--preload", action="store_true",
+                        help="also a preloaded master forking 2 consumers (an estimate of copy-on-write sharing)")
+    parser.add_argument("--preloaded-master", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.preloaded_master:
+        return preloaded_master(args.preloaded_master)
     server = start_redis()
     try:
         setup_django(server.url, settings="bench.settings")
@@ -109,6 +156,11 @@ def main():
                     print(f"    {name:<12} pid {pid:<7} RSS {rss:6.1f} MiB  PSS {pss:6.1f} MiB  USS {uss:6.1f} MiB")
             print(f"{label}: start-up median {statistics.median(starts):.2f} s "
                   f"(min {min(starts):.2f}, max {max(starts):.2f})   {load()}", flush=True)
+        if args.preload:
+            first, mem = run(server, 2, args.messages, preload=True)
+            print(f"preloaded master + 2 forks (not Shoal's supervisor): first message {first:.2f} s   {load()}")
+            for name, pid, rss, pss, uss in mem:
+                print(f"    {name:<12} pid {pid:<7} RSS {rss:6.1f} MiB  PSS {pss:6.1f} MiB  USS {uss:6.1f} MiB")
     finally:
         server.stop()
 
