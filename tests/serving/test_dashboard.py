@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 
 from streams_app.metrics import worker as worker_metrics  # noqa: F401  (registers the per-worker gauges)
 from streams_app.metrics import consumer as metrics
+from streams_app.metrics import ordered as ordered_metrics  # noqa: F401  (registers shoal_partitions_held)
 from streams_app.metrics.supervisor import PoolMetrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent.parent / "deploy" / "grafana" / "shoal.json"
