@@ -202,7 +202,9 @@ from discovery_app.registrar import Registrar
 mode = sys.argv[1]
 if mode == "handler":
     def drain(signum, frame):
-        print("app handler ran", flush=True)
+        # os.write, not print: TERM can arrive while the main thread is still inside print("started"),
+        # and a print from the handler then re-enters stdout's buffer (RuntimeError: reentrant call).
+        os.write(1, b"app handler ran\\n")
     signal.signal(signal.SIGTERM, drain)
 registrar = Registrar("orders", "10.0.0.1", 80, interval=0.2).start()
 print("started", registrar.instance_id, flush=True)
