@@ -2,6 +2,8 @@
 import logging
 import math
 
+from django.core.management.base import BaseCommand, SystemCheckError
+
 from shoal_common.exitcodes import EXIT_CONFIG
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -68,3 +70,15 @@ def bad_flags_exit_config(parser):
 
     parser.error = error
     return parser
+
+
+class DaemonCommand(BaseCommand):
+    """A long-running command (runconsumer, runreclaimer, runrelay): failing system checks are
+    configuration errors, exit 3, so a service manager does not restart it in a loop."""
+
+    def check(self, *args, **kwargs):
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            exc.returncode = EXIT_CONFIG
+            raise

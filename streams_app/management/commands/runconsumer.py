@@ -2,9 +2,9 @@ import logging
 import os
 import sys
 
-from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+from django.core.management.base import CommandError
 
-from shoal_common.cli import bad_flags_exit_config, log_level, non_negative_seconds, port, positive_int, positive_float
+from shoal_common.cli import DaemonCommand, bad_flags_exit_config, log_level, non_negative_seconds, port, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
@@ -24,7 +24,7 @@ def config_error(message):
     return CommandError(message, returncode=EXIT_CONFIG)
 
 
-class Command(BaseCommand):
+class Command(DaemonCommand):
     help = (
         "Run the registered stream consumers (all, or the STREAM:GROUP pairs named). Without --workers or "
         "--min/--max-workers, one consumer runs in this process; with them, this process is a supervisor "
@@ -67,14 +67,6 @@ class Command(BaseCommand):
                                  "desired and current workers.")
         parser.add_argument("--metrics-addr", default="127.0.0.1",
                           help="Address for --metrics-port (default 127.0.0.1; 0.0.0.0 to let Prometheus scrape it).")
-
-    def check(self, *args, **kwargs):
-        # Failing system checks are configuration errors: exit 3, so a supervisor does not restart us.
-        try:
-            super().check(*args, **kwargs)
-        except SystemCheckError as exc:
-            exc.returncode = EXIT_CONFIG
-            raise
 
     def handle(self, *args, selectors, verbosity, **options):
         problems = settings_errors()  # also when called without system checks (call_command)

@@ -2,9 +2,9 @@ import logging
 import signal
 import threading
 
-from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+from django.core.management.base import CommandError
 
-from shoal_common.cli import bad_flags_exit_config, log_level, port, positive_float
+from shoal_common.cli import DaemonCommand, bad_flags_exit_config, log_level, port, positive_float
 from shoal_common.text import counted
 
 from streams_app.consuming.worker import EXIT_CONFIG
@@ -48,7 +48,7 @@ def start_relay(relay, stop):
     return thread
 
 
-class Command(BaseCommand):
+class Command(DaemonCommand):
     help = ("Run the reclaim daemon: dead-letter entries over their delivery limit, remove idle consumers, "
             "trim acknowledged entries (retention='acked'), record snapshots. One pass per interval.")
 
@@ -64,14 +64,6 @@ class Command(BaseCommand):
                                  "with --once, relay what is waiting once.")
         parser.add_argument("--metrics-port", type=port,
                             help="Serve the shoal_* Prometheus gauges on this port (default: not served).")
-
-    def check(self, *args, **kwargs):
-        # Failing system checks are configuration errors: exit 3, so a supervisor does not restart us.
-        try:
-            super().check(*args, **kwargs)
-        except SystemCheckError as exc:
-            exc.returncode = EXIT_CONFIG
-            raise
 
     def handle(self, *args, interval, once, relay, metrics_port, verbosity, **options):
         problems = settings_errors()  # also when called without system checks (call_command)

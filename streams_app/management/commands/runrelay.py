@@ -1,10 +1,10 @@
 import logging
 import signal
 
-from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 
-from shoal_common.cli import log_level, port
+from shoal_common.cli import DaemonCommand, log_level, port
 from shoal_common.text import counted
 
 from streams_app.checks import settings_errors
@@ -27,7 +27,7 @@ def check_outbox_table(using):
                            f"migrate --database {using}` first.", returncode=EXIT_CONFIG) from None
 
 
-class Command(BaseCommand):
+class Command(DaemonCommand):
     help = ("Run the outbox relay: publish committed publish(..., outbox=True) rows to Redis, in order per key, "
             "right after each commit (nudged) and at every sweep. Several may run on PostgreSQL; one at a time on SQLite.")
 
@@ -36,13 +36,6 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Relay what is waiting, one batch at a time, and exit.")
         parser.add_argument("--metrics-port", type=port,
                             help="Serve the shoal_outbox_* Prometheus gauges on this port (default: not served).")
-
-    def check(self, *args, **kwargs):
-        try:
-            super().check(*args, **kwargs)
-        except SystemCheckError as exc:
-            exc.returncode = EXIT_CONFIG
-            raise
 
     def handle(self, *args, database, once, metrics_port, verbosity, **options):
         problems = settings_errors()
