@@ -280,6 +280,10 @@ def test_join_and_clean_leave_rebalance_and_no_partition_has_two_handlers(ordere
     wait_for(lambda: held_by_pid(redis, ordered) == {first.pid: N // 2, second.pid: N // 2}, timeout=60,
              what="two leases each")
     join_seconds = time.monotonic() - joined
+    # The sampler runs every 20 ms on a GIL shared with this thread: let it record the split before the
+    # leave ends it, or a loaded machine can miss a window this test opened and closed itself.
+    wait_for(lambda: any(f"-{second.pid}-" in (owner or "") for sample in samples[-5:] for owner in sample.values()),
+             timeout=30, what="the sampler to record the second's leases")
 
     left = time.monotonic()
     second.signal(signal.SIGTERM)
