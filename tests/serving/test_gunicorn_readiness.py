@@ -54,7 +54,9 @@ def test_registered_only_once_a_worker_is_ready_and_marked_failing_while_none_an
     gate.write_text("open")
     [instance] = wait_for(lambda: registry.instances("shoal-web-ready"), timeout=60, what="registered once ready")
     assert instance.registered_at >= opened_at - 0.5  # (Redis's clock, on this machine)
-    assert not instance.failing and "a worker answers" in server.output()
+    assert not instance.failing
+    # The line reaches us through the registration process's stderr pipe, which may trail the write to Redis.
+    wait_for(lambda: "a worker answers" in server.output(), timeout=30, what="the registration's readiness line")
 
     # Every worker frozen: the instance is marked failing, and passing again once they thaw.
     [worker] = server.worker_pids()

@@ -154,8 +154,10 @@ def test_runreclaimer_with_relay_relays_the_outbox_and_stops_cleanly(redis_serve
     assert daemon.wait(60) == 0, daemon.output()
     output = daemon.output()
     assert "Relay: relaying the outbox of database 'default' to Redis (a thread of the reclaim daemon)" in output
+    # Progress lines come at most once per sweep interval: a second row relayed within it is only counted
+    # by the stop line when TERM arrives first.
     progress = re.findall(r"Relay: relayed (\d+) rows? to Redis", output)
-    assert 1 <= len(progress) <= 2 and sum(map(int, progress)) == 2, output
+    assert 1 <= len(progress) <= 2 and 1 <= sum(map(int, progress)) <= 2, output
     assert "Relay: stopped after relaying 2 rows" in output
 
 
