@@ -38,10 +38,18 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         spawner_env[multiprocess.ENV] = path
         metrics.serve(options["metrics_port"], options.get("metrics_addr") or "127.0.0.1")
     reads_lag = autoscaler is not None or metrics is not None
-    spawner = ExecSpawner(
-        selectors, heartbeat_interval=heartbeat_interval, threads=options.get("threads"),
-        concurrency=options.get("concurrency"), batch=options.get("batch"), block_ms=options.get("block_ms"), shutdown_timeout=shutdown_timeout, log_level=log_level,
+    heartbeat_timeout = _pick(options, "heartbeat_timeout", config, "HEARTBEAT_TIMEOUT")
+    worker_options = dict(
+        heartbeat_interval=heartbeat_interval, threads=options.get("threads"), concurrency=options.get("concurrency"),
+        batch=options.get("batch"), block_ms=options.get("block_ms"), shutdown_timeout=shutdown_timeout, log_level=log_level,
     )
+    if options.get("preload"):
+        from streams_app.supervisor.preload import ZygoteSpawner
+
+        # The zygote boots as a worker would: as long as a worker may take to boot.
+        spawner = ZygoteSpawner(selectors, boot_timeout=heartbeat_timeout, **worker_options)
+    else:
+        spawner = ExecSpawner(selectors, **worker_options)
     spawner.env.update(spawner_env)
     return Supervisor(
         spawner,
@@ -50,7 +58,7 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         lag_reader=(lambda: read_lags(get_connection(), specs)) if reads_lag else None,
         lag_interval=interval,
         shutdown_timeout=shutdown_timeout,
-        heartbeat_timeout=_pick(options, "heartbeat_timeout", config, "HEARTBEAT_TIMEOUT"),
+        heartbeat_timeout=heartbeat_timeout,
         restart_delay=config["RESTART_DELAY"],
         crash_limit=config["CRASH_LIMIT"],
         crash_window=config["CRASH_WINDOW"],

@@ -6,7 +6,8 @@ workers, kills those whose heartbeat went stale, follows the backlog, steps a ro
 and brings the worker count to the desired one. Tests drive ``tick()`` with an injected ``now``.
 
 Workers are started by a spawner (``streams_app.supervisor.spawn``): fresh interpreters, so a HUP loads new
-handler code. A worker that fails to boot exits with EXIT_BOOT_ERROR and halts the master
+handler code; with --preload, forks of a zygote (``streams_app.supervisor.preload``), whose HUP starts a
+new zygote on the new code. A worker that fails to boot exits with EXIT_BOOT_ERROR and halts the master
 (HaltServer) instead of being respawned forever; so do CRASH_LIMIT crashes within CRASH_WINDOW.
 """
 import logging
@@ -101,7 +102,10 @@ class Supervisor:
         self.set_title = set_title
         # As PID 1 (a container's entry point) every orphan of the namespace becomes our child: a
         # handler's subprocess whose worker was SIGKILLed stays a zombie until we wait for it.
-        self.reap_orphans = os.getpid() == 1 if reap_orphans is None else reap_orphans
+        # A subreaper (the --preload spawner) adopts them too, wherever we run.
+        if reap_orphans is None:
+            reap_orphans = os.getpid() == 1 or getattr(spawner, "subreaper", False)
+        self.reap_orphans = reap_orphans
 
         self.workers = {}  # pid -> WorkerProcess
         self.signals = queue.SimpleQueue()
@@ -123,10 +127,13 @@ class Supervisor:
         logformat.set_context(selector=self.label or None)
         self.install_signals()
         logger.info("Supervisor: started (%s); %s", self.label or "all consumers", self.describe_target())
-        while not self.done:
-            self.tick()
-            if not self.done:
-                self.wait(self.tick_seconds())
+        try:
+            while not self.done:
+                self.tick()
+                if not self.done:
+                    self.wait(self.tick_seconds())
+        finally:
+            self._spawner_hook("close")
         logger.info("Supervisor: stopped (exit %d)", self.exit_code)
         return self.exit_code
 
@@ -203,6 +210,12 @@ class Supervisor:
             return
         self.reload_queue = [w.pid for w in sorted(self.active(), key=lambda w: w.started_at)]
         logger.info("Supervisor: SIGHUP received; rolling restart of %d workers, one at a time", len(self.reload_queue))
+        self._spawner_hook("reload")
+
+    def _spawner_hook(self, name, *args):
+        """Optional spawner methods (streams_app.supervisor.preload's): ``reload``, ``reap``, ``close``."""
+        hook = getattr(self.spawner, name, None)
+        return hook(*args) if hook is not None else None
 
     def handle_ttin(self, now):
         self.resize(self.desired + 1, "SIGTTIN")
@@ -281,6 +294,7 @@ class Supervisor:
             if self.metrics is not None:
                 self.metrics.worker_exited(worker.pid)
             self.on_exit(worker, code, now)
+        self._spawner_hook("reap")
         if self.reap_orphans:
             self.reap_other_children()
 
@@ -292,8 +306,8 @@ class Supervisor:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if info is None or info.si_pid == 0 or info.si_pid in self.workers:
-                return  # nothing exited, or a worker that the next reap collects
+            if info is None or info.si_pid == 0 or info.si_pid in self.workers or self._spawner_hook("owns", info.si_pid):
+                return  # nothing exited, or a worker (or zygote) that the next reap collects
             try:
                 os.waitpid(info.si_pid, os.WNOHANG)
             except ChildProcessError:

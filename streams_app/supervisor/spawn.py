@@ -4,6 +4,7 @@ A fresh interpreter per worker, rather than a bare fork of the master, so that
 - a HUP loads the handler code as it is on disk now (the master imported it at its own start);
 - nothing of the master is inherited: Popen closes every descriptor but stdio and the heartbeat
   file, so no Redis or database socket of the master is ever shared with a worker.
+(``--preload`` forks them from a zygote instead: streams_app.supervisor.preload.)
 Workers get a process group of their own: a Ctrl-C at a terminal reaches only the master, which
 then stops them gracefully (otherwise they would see the master's TERM as a second signal).
 """

@@ -3,7 +3,8 @@
 The master starts each worker as a fresh interpreter (fork + exec), never as a bare fork of
 itself: a fork would run the handler code the master imported at its start, so a HUP could never
 load new code, and it would inherit the master's sockets. Here Django is set up, and the handler
-modules imported, from scratch.
+modules imported, from scratch. (With ``--preload`` a zygote does that once and forks the workers,
+which then run ``consume()``: streams_app.supervisor.zygote.)
 
 Anything that goes wrong before the worker consumes (settings, an ImportError in a consumers.py,
 a selector no longer registered, a key of the wrong type) exits with EXIT_BOOT_ERROR: restarting
@@ -26,15 +27,20 @@ EXIT_BOOT_ERROR = EXIT_CONFIG  # the master stops instead of respawning a worker
 logger = logging.getLogger("streams_app.supervisor")
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m streams_app.supervisor.worker_main", description=__doc__)
+def parse_args(argv, *, prog="python -m streams_app.supervisor.worker_main", description=__doc__, forked=False):
+    """The worker's options; ``forked``: the zygote's (streams_app.supervisor.zygote), whose workers get
+    their heartbeat descriptor with each fork request instead of on the command line."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("selectors", nargs="*")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--block-ms", type=int)
     parser.add_argument("--shutdown-timeout", type=float)
-    parser.add_argument("--heartbeat-fd", type=int, required=True)
+    if forked:
+        parser.add_argument("--control-fd", type=int, required=True)
+    else:
+        parser.add_argument("--heartbeat-fd", type=int, required=True)
     parser.add_argument("--heartbeat-interval", type=float, required=True)
     parser.add_argument("--master-pid", type=int, required=True)
     parser.add_argument("--log-level", type=int, default=logging.INFO)
@@ -56,7 +62,7 @@ def boot(args):
     return select(args.selectors)
 
 
-def make_worker(args, specs):
+def make_worker(args, specs, heartbeat_fd):
     from streams_app.consuming.worker import Worker
 
     class SupervisedWorker(Worker):
@@ -72,7 +78,7 @@ def make_worker(args, specs):
             logger.warning("Consumer %s: the supervisor (pid %s) is gone; stopping", worker.name, args.master_pid)
             worker.stop(graceful=True)
 
-    beater = Beater(args.heartbeat_fd, args.heartbeat_interval, master_pid=args.master_pid, on_orphaned=orphaned)
+    beater = Beater(heartbeat_fd, args.heartbeat_interval, master_pid=args.master_pid, on_orphaned=orphaned)
     return SupervisedWorker(specs, threads=args.threads, concurrency=args.concurrency, batch=args.batch, block_ms=args.block_ms,
                             shutdown_timeout=args.shutdown_timeout, heartbeat=beater)
 
@@ -90,9 +96,14 @@ def main(argv=None):
         sys.stderr.write(f"Worker {os.getpid()} failed to boot: {type(exc).__name__}: {exc}\n")
         return EXIT_BOOT_ERROR
 
+    return consume(args, specs, args.heartbeat_fd)
+
+
+def consume(args, specs, heartbeat_fd):
+    """Run the worker until it stops; its exit code. Shared with the workers a zygote forks."""
     from streams_app.exceptions import StreamsError
 
-    worker = make_worker(args, specs)
+    worker = make_worker(args, specs, heartbeat_fd)
     title("consuming", worker.name, args.selectors)
     try:
         code = worker.run()

@@ -22,6 +22,7 @@ from tests.waiting import wait_for
         (["--heartbeat-timeout", "9", "--scale-interval", "2"], "--heartbeat-timeout, --scale-interval need a supervisor"),
         (["--workers", "2", "--scale-interval", "2"], "--scale-interval applies to autoscaling or --metrics-port"),
         (["--workers", "1", "--heartbeat-interval", "5", "--heartbeat-timeout", "5"], "must be above --heartbeat-interval"),
+        (["--preload"], "--preload need a supervisor"),
     ],
 )
 def test_bad_option_combinations_are_explained(args, message):
