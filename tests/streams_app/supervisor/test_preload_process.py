@@ -231,3 +231,38 @@ def test_a_consumers_module_that_leaves_a_thread_or_a_connection_is_refused(left
     out = master.output()
     assert "cannot fork workers safely (--preload): " + why in out
     assert "failed to boot" in out and "Consumer " not in out
+
+
+def ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except FileNotFoundError:
+        return None
+
+
+def test_the_preloaded_master_adopts_and_reaps_the_orphans_of_a_killed_worker(redis, tmp_path, supervise):
+    # The master is a child subreaper (so that forked workers become its children): every orphan
+    # below it comes to it too, and must not stay a zombie.
+    master = supervise("spawns:g", "--workers", "1", "--preload", *FAST)
+    redis.xadd("spawns", {"payload": f'{{"dir": "{tmp_path}"}}'})
+    wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "worker.pid").exists(), timeout=60,
+             what="the handler's subprocess to start")
+    worker, child = int((tmp_path / "worker.pid").read_text()), int((tmp_path / "child.pid").read_text())
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: ppid(child) in (master.pid, None), timeout=30, what="the orphan adopted by the master")
+    wait_for(lambda: ppid(child) is None, timeout=30, what=f"the orphan {child} reaped (a zombie stays in /proc)")
+    assert master.proc.poll() is None, master.output()
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+
+
+def test_a_killed_preloaded_master_leaves_neither_zygote_nor_workers(redis, supervise, preload_app):
+    _, env = preload_app
+    master = supervise("flow:g", "--workers", "2", "--preload", *FAST, env=env)
+    wait_for(lambda: len(workers(master)) == 2, timeout=60, what="2 workers")
+    left = [*zygotes(master), *workers(master)]
+    assert len(left) == 3
+    master.kill()
+    # The zygote reads end of file, the workers see their parent change; neither outlives the master.
+    wait_for(lambda: all(ppid(pid) is None for pid in left), timeout=60, what="the zygote and the workers gone")
