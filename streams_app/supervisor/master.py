@@ -120,6 +120,8 @@ class Supervisor:
         self.done = False
         self.spawned = 0
         self._title = None
+        if hasattr(spawner, "interrupted"):
+            spawner.interrupted = self.stop_requested
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -177,6 +179,15 @@ class Supervisor:
             signal.signal(getattr(signal, name), self._on_signal)
         for signum in early_signals.take():  # a TERM that came during start-up
             self.signals.put(signum)
+
+    def stop_requested(self):
+        """Whether a TERM/INT waits (moved off the queue, still dispatched in order by the next tick)."""
+        while True:
+            try:
+                self._received.append(self.signals.get_nowait())
+            except queue.Empty:
+                break
+        return self.stopping or any(s in (signal.SIGTERM, signal.SIGINT) for s in self._received)
 
     def _on_signal(self, signum, frame):
         self.signals.put(signum)  # reentrant: safe in a signal handler

@@ -19,9 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from django.db import connections
 
+from streams_app.exceptions import ConsumerConfigError
 from streams_app.metrics import multiprocess
 from streams_app.supervisor.heartbeat import HeartbeatFile
 from streams_app.supervisor.spawn import ExecSpawner
@@ -31,13 +33,15 @@ logger = logging.getLogger("streams_app.supervisor")
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 REPLY_TIMEOUT = 30.0  # seconds a fork request may take before the zygote counts as hung
 RETIRE_TIMEOUT = 5.0
+BOOT_POLL = 0.1  # how often a master waiting for its zygote looks for a stop signal
 
 
 def become_subreaper():
     """Orphaned descendants (the workers, once their middle process exits) become our children."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+        raise ConsumerConfigError(f"--preload needs prctl(PR_SET_CHILD_SUBREAPER), which failed here: "
+                                  f"{os.strerror(ctypes.get_errno())}; run without --preload")
 
 
 class ForkedProcess:
@@ -87,6 +91,9 @@ class ZygoteSpawner(ExecSpawner):
         self.zygote = None
         self.stale = False
         self.retired = []  # zygotes told to exit, not yet reaped
+        # Set by the supervisor: true once a TERM/INT waits, so that a zygote stuck importing does not
+        # hold up a stop for as long as it may take to boot.
+        self.interrupted = lambda: False
         become_subreaper()
 
     def argv(self, control_fd):
@@ -149,13 +156,7 @@ class ZygoteSpawner(ExecSpawner):
             theirs.close()
         zygote = Zygote(proc, ours)
         logger.info("Supervisor: zygote (pid %s) loading the consumers", zygote.pid)
-        ours.settimeout(self.boot_timeout)
-        try:
-            reply = ours.recv(64)
-        except TimeoutError:
-            reply = None
-            logger.error("Supervisor: zygote (pid %s) not ready after %.0fs; killing it", zygote.pid, self.boot_timeout)
-            proc.kill()
+        reply = self._wait_ready(zygote)
         if reply != b"ready":
             zygote.close()
             proc.wait()
@@ -167,6 +168,24 @@ class ZygoteSpawner(ExecSpawner):
         self.zygote = zygote
         logger.info("Supervisor: zygote (pid %s) ready", zygote.pid)
         return None
+
+    def _wait_ready(self, zygote):
+        """``ready``, or b"" if it exited; None (it is killed) after the boot timeout or on a stop."""
+        deadline = time.monotonic() + self.boot_timeout
+        zygote.control.settimeout(BOOT_POLL)
+        while True:
+            try:
+                return zygote.control.recv(64)
+            except TimeoutError:
+                pass
+            if self.interrupted():
+                logger.warning("Supervisor: stopping while zygote (pid %s) boots; killing it", zygote.pid)
+            elif time.monotonic() > deadline:
+                logger.error("Supervisor: zygote (pid %s) not ready after %.0fs; killing it", zygote.pid, self.boot_timeout)
+            else:
+                continue
+            zygote.proc.kill()
+            return None
 
     def _fork(self, number, heartbeat_fd):
         zygote = self.zygote

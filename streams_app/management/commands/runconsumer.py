@@ -153,6 +153,8 @@ class Command(DaemonCommand):
 
         try:
             supervisor = build_supervisor(selectors, specs, options, log_level=level)
+        except ConsumerConfigError as exc:
+            raise config_error(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         code = supervisor.run()

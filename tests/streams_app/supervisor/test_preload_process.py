@@ -266,3 +266,17 @@ def test_a_killed_preloaded_master_leaves_neither_zygote_nor_workers(redis, supe
     master.kill()
     # The zygote reads end of file, the workers see their parent change; neither outlives the master.
     wait_for(lambda: all(ppid(pid) is None for pid in left), timeout=60, what="the zygote and the workers gone")
+
+
+def test_a_term_while_the_zygote_is_still_importing_stops_the_master(redis, supervise, handler_app):
+    # The master waits for its zygote at start-up; a stop must not wait for a slow (or hung) import.
+    write, env = handler_app
+    write(body=HANDLER.format(version="v1") + "\nimport sys\nif sys.argv[0].endswith('zygote.py'):\n    time.sleep(600)\n")
+    master = supervise("flow:g", "--workers", "2", "--preload", "--heartbeat-interval", "1",
+                       "--heartbeat-timeout", "600", env=env)
+    master.wait_for_output("loading the consumers", timeout=60)
+    [zygote] = zygotes(master) or [None]
+    master.signal(signal.SIGTERM)
+    assert master.wait(60) == 0, master.output()
+    assert "stopping while zygote" in master.output()
+    assert not children(master.pid) and (zygote is None or ppid(zygote) is None)
