@@ -118,6 +118,7 @@ class ZygoteSpawner(ExecSpawner):
         if self.zygote is not None and self.zygote.proc.poll() is not None:
             logger.warning("Supervisor: zygote (pid %s) exited (%s); the next worker starts a new one",
                            self.zygote.pid, self.zygote.proc.returncode)
+            self.zygote.close()
             self._forget(self.zygote)
             self.zygote = None
 
