@@ -280,3 +280,25 @@ def test_a_term_while_the_zygote_is_still_importing_stops_the_master(redis, supe
     assert master.wait(60) == 0, master.output()
     assert "stopping while zygote" in master.output()
     assert not children(master.pid) and (zygote is None or ppid(zygote) is None)
+
+
+def test_a_killed_zygote_is_started_again_for_the_next_worker(redis, supervise, preload_app):
+    _, env = preload_app
+    master = supervise("flow:g", "--workers", "2", "--preload", *FAST, env=env)
+    wait_for(lambda: len(workers(master)) == 2, timeout=60, what="2 workers")
+    [zygote] = zygotes(master)
+    os.kill(zygote, signal.SIGKILL)  # as the OOM killer would
+    master.wait_for_output(f"zygote (pid {zygote}) exited", timeout=30)
+    old = workers(master)
+    assert len(old) == 2, "the workers depend on their zygote"
+    for victim in old:  # both replaced, one after the other
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda victim=victim: len(workers(master)) == 2 and victim not in workers(master), timeout=60,
+                 what="a replacement")
+    [new_zygote] = zygotes(master)
+    assert new_zygote != zygote
+    ids = publish(redis, "flow", [{"n": n, "sleep": 0.01} for n in range(100)])
+    wait_for(lambda: all_handled(redis, ids), timeout=60, what="every entry handled and acked")
+    assert {row[1] for row in handled(redis)} == {new_zygote}, "the replacements were not forked from a new zygote"
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
