@@ -128,11 +128,12 @@ def run_worker(control, args, specs, heartbeat_fd):
     code = EXIT_CRASH
     try:
         control.close()
-        # As an exec'd worker: a process group of its own (a Ctrl-C reaches only the master), the
-        # default action for stop signals until the Worker installs its handlers.
+        # As an exec'd worker: a process group of its own (a Ctrl-C reaches only the master), a new
+        # interpreter's handling of stop signals until the Worker installs its own.
         os.setpgid(0, 0)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter starts with
         signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         worker_main.title("booting", f"pid {os.getpid()}", args.selectors)
         # Until the middle process has exited our parent is not the master yet, and the heartbeat
