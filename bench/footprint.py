@@ -10,7 +10,9 @@ connections and caches warmed up) and the memory of the processes this bench sta
 /proc/PID/smaps_rollup: RSS, PSS, and unique memory (USS = Private_Clean + Private_Dirty, what the
 kernel would free if that process exited). The workers and the zygote are the master's children
 (/proc/PID/task/PID/children), told apart by their process titles. Prints the load average with
-every figure. --preload adds the ``--workers 2 --preload`` runs; --age SECONDS reads the memory of
+every figure. With a supervisor, it then sends SIGTTIN and times the added worker from the signal to its
+process title saying it consumes (what a crash replacement or autoscaling waits for; a worker sets
+that title once Django and the consumers are loaded, just before it connects and creates its groups). --preload adds the ``--workers 2 --preload`` runs; --age SECONDS reads the memory of
 every supervised run a second time after that long with messages flowing (copy-on-write pages are
 un-shared as a worker touches the objects on them).
 """
@@ -107,6 +109,14 @@ def run(server, workers, messages, preload=False, age=0):
         wait_for(lambda: info()["lag"] == 0 and info()["pending"] == 0, "the messages were not consumed")
         time.sleep(1)  # past the boot: what a consumer holds while it runs
         snapshots = [(0, snapshot(proc, workers))]
+        added = None
+        if workers > 1:
+            # One more worker (SIGTTIN), as a crash replacement or autoscaling starts one: signal to
+            # its process title saying it consumes. Its memory is not in the snapshots above.
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTTIN)
+            wait_for(lambda: consuming(proc.pid) >= workers + 1, "the added worker did not start consuming")
+            added = time.monotonic() - began
         if age and workers > 1:
             deadline = time.monotonic() + age
             while time.monotonic() < deadline:  # a steady trickle, so the workers keep running handlers
@@ -114,7 +124,7 @@ def run(server, workers, messages, preload=False, age=0):
                 time.sleep(0.5)
             wait_for(lambda: info()["lag"] == 0 and info()["pending"] == 0, "the messages were not consumed")
             snapshots.append((age, snapshot(proc, workers)))
-        return first, snapshots
+        return first, added, snapshots
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -142,17 +152,21 @@ def main():
         for workers, preload in setups:
             label = ("runconsumer (one process)" if workers == 1
                      else f"runconsumer --workers {workers}" + (" --preload" if preload else ""))
-            starts = []
+            starts, adds = [], []
             for i in range(args.repeat):
-                first, snapshots = run(server, workers, args.messages, preload=preload, age=args.age)
+                first, added, snapshots = run(server, workers, args.messages, preload=preload, age=args.age)
                 starts.append(first)
                 print(f"{label}, run {i + 1}: start to first message handled {first:.2f} s   {load()}")
+                if added is not None:
+                    adds.append(added)
+                    print(f"  SIGTTIN to the added worker consuming {added:.2f} s   {load()}")
                 for after, rows in snapshots:
                     if after:
                         print(f"  after {after:.0f} s more of messages   {load()}")
                     print_memory(rows)
             print(f"{label}: start-up median {statistics.median(starts):.2f} s "
-                  f"(min {min(starts):.2f}, max {max(starts):.2f})   {load()}", flush=True)
+                  f"(min {min(starts):.2f}, max {max(starts):.2f})"
+                  + (f"; added worker median {statistics.median(adds):.2f} s" if adds else "") + f"   {load()}", flush=True)
     finally:
         server.stop()
 
