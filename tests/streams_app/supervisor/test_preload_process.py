@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.processes import children, cmdline
+from tests.streams_app.supervisor.test_runconsumer_options import sockets
 from tests.streams_app.supervisor import test_supervisor_process
 from tests.streams_app.supervisor.test_supervisor_process import (  # noqa: F401  (fixtures)
     FAST, handler_app, pid_of, publish, supervise, workers,
@@ -76,6 +77,10 @@ def test_preloaded_workers_are_forks_of_the_zygote_and_share_the_work(redis, sup
     assert ran_in == set(workers(master)), "both workers, and only they, handled entries"
     assert {row[1] for row in rows} == {zygote}, "a worker imported the handler itself: not forked from the zygote"
     assert set(workers(master)) <= set(children(master.pid)), "the workers are not the master's children"
+    for worker in workers(master):
+        theirs = sockets(worker)
+        assert theirs, "the worker has no Redis connection of its own"
+        assert not theirs & (sockets(master.pid) | sockets(zygote)), "a worker shares a socket with the master or the zygote"
     master.signal(signal.SIGTERM)
     assert master.wait(30) == 0, master.output()
     assert not children(master.pid)
