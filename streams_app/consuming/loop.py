@@ -30,7 +30,7 @@ from streams_app.consuming import liveness
 
 from streams_app.metrics import consumer as metrics
 from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom, is_unblocked
-from streams_app.connection import TRANSIENT_ERRORS, node_client, recover, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS, is_cluster, node_client, recover, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
@@ -114,6 +114,9 @@ class GroupLoop:
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
         self.seconds_per_message = None
+        # Acks, read and settling check in one pipeline (_ack_and_read). Not on a cluster: a plain
+        # pipeline on the stream's node would not follow a moved slot as the cluster client does.
+        self.one_round_trip = not is_cluster(reader)
 
         self.chunks = {}  # future -> the messages it is handling
         self.completions = queue.SimpleQueue()
@@ -236,15 +239,17 @@ class GroupLoop:
                             self.spec.start)
             self.ready = True
         self.collect()
-        self.flush_acks()
         self.flush_failures()
         self.keep_alive(now)
+        # Acks go out before anything that may wait; on the way to a read they ride in its round trip.
         if now < self.read_after:  # a lost group settling (see _recreate): finish and ack, read nothing
+            self.flush_acks()
             self.collect(timeout=min(0.2, self.read_after - now))
             return
         free = self.slots - self.busy_chunks
         room = self._time_room()
         if self.busy_chunks and (free < max(1, self.slots // 2) or room < 1):
+            self.flush_acks()
             self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))
             self.flush_acks()
             self.flush_failures()
@@ -252,6 +257,7 @@ class GroupLoop:
         capacity = max(1, min(self.batch, free * self.chunk_size, room))
         next_retry = self.retries[0][0] if self.retries else float("inf")
         if self.claim_cursor is not None or now >= self.next_claim or now >= next_retry:
+            self.flush_acks()
             entries = self.take_over(capacity, now)
             if entries:
                 self.dispatch(entries)
@@ -265,22 +271,50 @@ class GroupLoop:
     # -- reading ----------------------------------------------------------------------------
 
     def read_new(self, count, block_ms):
+        """New entries (XREADGROUP ``>``), after acking what is due; taken back if the group was lost."""
         self.reading = True
         try:
             if self.shutdown.is_set():
+                self.flush_acks()
                 return []
-            reply = self.reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            if self.one_round_trip:
+                reply, settling = self._ack_and_read(count, block_ms)
+            else:
+                self.flush_acks()
+                reply = self.reader.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+                settling = None
         finally:
             self.reading = False
         entries = [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
         if not entries:
             return entries
         behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
-        if behind or self.conn.exists(self.settling):
+        if behind or (self.conn.exists(self.settling) if settling is None else settling):
             self._read_back(entries)
             return []
         self.last_read_id = entries[-1][0]
         return entries
+
+    def _ack_and_read(self, count, block_ms):
+        """XACK of what is due, XREADGROUP, EXISTS of the settling marker: one round trip on one server.
+
+        The server runs them in order: the acks land before the read blocks, and the marker is looked
+        at right after the read, as a separate EXISTS would (recreate_group.lua makes the group and the
+        marker in one step, so a read on a recreated group always sees it). Returns (reply, settling).
+        """
+        acks = self.to_ack
+        pipe = self.reader.pipeline(transaction=False)
+        if acks:
+            pipe.xack(self.stream, self.group, *acks)
+        pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        pipe.exists(self.settling)
+        replies = pipe.execute(raise_on_error=False)
+        if acks and not isinstance(replies[0], Exception):
+            self._acked(len(acks))
+        error = next((r for r in replies if isinstance(r, Exception)), None)
+        if error is not None:
+            raise error  # NOGROUP, UNBLOCKED...: step() handles them as for a plain command
+        return replies[-2], replies[-1]
 
     def _read_back(self, entries):
         """A read handed out ids at or below this consumer's own last read: a group lives on ``>`` in
@@ -627,7 +661,10 @@ class GroupLoop:
             return
         # Ids stay queued until XACK succeeds: an ack lost to a connection error is retried.
         self.conn.xack(self.stream, self.group, *self.to_ack)
-        self.handled += len(self.to_ack)
+        self._acked(len(self.to_ack))
+
+    def _acked(self, count):
+        self.handled += count
         self.to_ack = []
 
     # -- stopping and Redis trouble ---------------------------------------------------------

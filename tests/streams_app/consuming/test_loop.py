@@ -267,3 +267,35 @@ def test_keep_alive_resets_the_idle_time_of_held_entries_only_while_this_consume
     assert rows[ids[0]]["times_delivered"] == 1
     assert rows[ids[1]]["consumer"] == "other" and rows[ids[1]]["time_since_delivered"] >= 500
     run_until(loop, lambda: settled(loop), timeout=30)
+
+
+def test_on_one_server_a_read_carries_the_acks_due_and_the_settling_check_in_its_round_trip(redis, redis_kind, make_loop,
+                                                                                             monkeypatch):
+    if redis_kind == "cluster":
+        pytest.skip("on a cluster the read goes through the cluster client, which follows moved slots")
+    publish_many("jobs", [{"n": n} for n in range(200)])
+    loop = make_loop(BATCH_SIZE=50)
+    sent = []  # the commands of each pipeline the reader sent
+
+    def pipeline(real=loop.reader.pipeline, **options):
+        pipe = real(**options)
+        execute = pipe.execute
+
+        def counted(**kwargs):
+            sent.append([args[0] for args, _ in pipe.command_stack])
+            return execute(**kwargs)
+
+        pipe.execute = counted
+        return pipe
+
+    def separate_exists(*args):
+        raise AssertionError("the settling marker was checked in a round trip of its own")
+
+    monkeypatch.setattr(loop.reader, "pipeline", pipeline)
+    monkeypatch.setattr(loop.conn, "exists", separate_exists)
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 200 and settled(loop))
+    loop.tick()  # nothing new: the last read
+    assert redis.xpending("jobs", "a")["pending"] == 0
+    assert sent and all(commands[-2:] == ["XREADGROUP", "EXISTS"] for commands in sent), sent
+    # Acks finished while the loop went on reading were sent ahead of the next read, not on their own.
+    assert any(commands == ["XACK", "XREADGROUP", "EXISTS"] for commands in sent), sent
