@@ -29,10 +29,16 @@ def decode_fields(raw):
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
+_TEXT_NAMES = {}  # field name (bytes) -> the same as str, made once: _raw misses on every entry
+
+
 def _raw(fields, name):
     value = fields.get(name)
-    if value is None:
-        value = fields.get(name.decode())  # a client built with decode_responses=True
+    if value is None:  # absent, or a client built with decode_responses=True
+        text = _TEXT_NAMES.get(name)
+        if text is None:
+            text = _TEXT_NAMES[name] = name.decode()
+        value = fields.get(text)
     return value
 
 
