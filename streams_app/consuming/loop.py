@@ -251,9 +251,8 @@ class GroupLoop:
         if self.busy_chunks and (free < max(1, self.slots // 2) or room < 1):
             self.flush_acks()
             self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))
-            self.flush_acks()
             self.flush_failures()
-            return
+            return  # what this collected is acked by the next pass, at once: with its read if it reads
         capacity = max(1, min(self.batch, free * self.chunk_size, room))
         next_retry = self.retries[0][0] if self.retries else float("inf")
         if self.claim_cursor is not None or now >= self.next_claim or now >= next_retry:
