@@ -76,5 +76,16 @@ def group_exists(conn, stream, group):
     return group in {to_text(g["name"]) for g in groups}
 
 
+def delivered_id(conn, stream, group):
+    """The group's last-delivered-id: everything up to it was read by some consumer (None: no such group)."""
+    try:
+        groups = conn.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if is_wrongtype(exc):
+            raise
+        return None  # no such key
+    return next((to_text(g["last-delivered-id"]) for g in groups if to_text(g["name"]) == group), None)
+
+
 def key_type(conn, key):
     return to_text(conn.type(key))

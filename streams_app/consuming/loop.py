@@ -232,19 +232,12 @@ class GroupLoop:
     def tick(self, now=None):
         now = self.clock() if now is None else now
         if not self.ready:
-            if self.lost:
-                self._recreate(now)
-            elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
-                logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream,
-                            self.spec.start)
-            self.ready = True
+            self.make_ready(now)
         self.collect()
         self.flush_failures()
         self.keep_alive(now)
         # Acks go out before anything that may wait; on the way to a read they ride in its round trip.
-        if now < self.read_after:  # a lost group settling (see _recreate): finish and ack, read nothing
-            self.flush_acks()
-            self.collect(timeout=min(0.2, self.read_after - now))
+        if self.settling_now(now):
             return
         free = self.slots - self.busy_chunks
         room = self._time_room()
@@ -267,6 +260,23 @@ class GroupLoop:
             block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
         self.dispatch(self.read_new(capacity, block))
 
+    def make_ready(self, now):
+        """Create the group at ``start``, or, once it was lost while consuming, where it stood (_recreate)."""
+        if self.lost:
+            self._recreate(now)
+        elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
+            logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream,
+                        self.spec.start)
+        self.ready = True
+
+    def settling_now(self, now):
+        """A lost group settling (see _recreate): finish and ack, read nothing; True while it does."""
+        if now >= self.read_after:
+            return False
+        self.flush_acks()
+        self.collect(timeout=min(0.2, self.read_after - now))
+        return True
+
     # -- reading ----------------------------------------------------------------------------
 
     def read_new(self, count, block_ms):
@@ -285,6 +295,11 @@ class GroupLoop:
         finally:
             self.reading = False
         entries = [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
+        return self.trusted(entries)
+
+    def trusted(self, entries):
+        """What of a group read may run: nothing when the read is behind this consumer's last read or
+        comes while the group settles (taken back, see _read_back); else all of it, noted as read."""
         if not entries:
             return entries
         behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)

@@ -27,12 +27,13 @@ from django.db import close_old_connections
 
 from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
 from streams_app.consuming.chunks import _checked as checked_call  # the same "did it run" check
-from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.groups import delivered_id
 from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.outcomes import ChunkResult
 from streams_app.consuming.retry import backoff_seconds
 from streams_app.deadletters import store as deadletters
+from streams_app.entry_ids import id_key
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -132,8 +133,7 @@ class OrderedGroupLoop(GroupLoop):
         if self.lease.failed is not None:
             raise RuntimeError(f"the lease coordinator of {self.stream}/{self.group} crashed") from self.lease.failed
         if not self.ready:
-            ensure_group(self.conn, self.stream, self.group, self.last_read_id or self.spec.start)
-            self.ready = True
+            self.make_ready(now)  # a lost group: recreated where it stood, then settling (GroupLoop._recreate)
         self.collect()
         lease = self.lease
         if lease.state == TAKEN and lease.valid(now) and not self.chunks:
@@ -152,6 +152,8 @@ class OrderedGroupLoop(GroupLoop):
         if lease.state == RELEASING:
             if not self.to_ack:
                 self.release()
+            return
+        if self.settling_now(now):
             return
         capacity = max(1, min(self.batch, self.chunk_size, self._time_room()))
         if self.replaying:
@@ -196,6 +198,11 @@ class OrderedGroupLoop(GroupLoop):
             self._lost(token, "take over")
             return
         self.lease.taken_over(token)
+        # Where the group stands is what earlier owners read: a group lost from now on is recreated there,
+        # and a read behind it is taken back, though this consumer has read nothing of it yet itself.
+        stood = delivered_id(self.conn, self.stream, self.group)
+        if stood is not None and (self.last_read_id is None or id_key(stood) > id_key(self.last_read_id)):
+            self.last_read_id = stood
         self.replaying = True
         self.errors, self.to_dead_letter = [], []
         logger.info("Consumer %s: owns %s/%s (took over %d pending entries)", self.consumer, self.stream,
@@ -210,9 +217,8 @@ class OrderedGroupLoop(GroupLoop):
             return []
         found, body = reply
         if found:
-            entries = [(to_text(entry_id), _fields(flat), 1) for entry_id, flat in body]
-            self.last_read_id = entries[-1][0]
-            return entries
+            # Behind this consumer's last read, or while a lost group settles: taken back, none runs.
+            return self.trusted([(to_text(entry_id), _fields(flat), 1) for entry_id, flat in body])
         # A plain XREAD changes nothing in the group: what it sees is read next pass, fenced. It ends
         # before the lease's local deadline, so a lease lost meanwhile is noticed.
         block = int(min(self.block_ms, (self.lease.deadline - now) * 1000))

@@ -410,10 +410,12 @@ def _redis_ms(conn):
 @consumer("ordered", group="o", ordered=True, max_deliveries=3, retry_backoff=0.05)
 def records_its_order(message):
     """``seen:<key>`` gets the payload's ``n`` (RPUSH), and ``trace`` "partition consumer start end"
-    (Redis clock, ms), so a test checks per-key order and that no two handlers of one partition overlapped.
+    (Redis clock, ms), so a test checks per-key order and that no two handlers of one partition overlapped;
+    ``ordered-started`` gets "partition id" at every start.
     ``fail``: raise on deliveries below it; ``sleep``: seconds."""
     conn = get_connection()
     payload = message.payload
+    conn.rpush("ordered-started", f"{message.stream} {message.id}")  # every start: a second run shows twice
     started = _redis_ms(conn)
     if payload.get("sleep"):
         time.sleep(payload["sleep"])

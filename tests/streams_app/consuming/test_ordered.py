@@ -490,3 +490,88 @@ def test_after_a_sigkill_the_new_owner_counts_a_delivery_for_every_entry_it_redo
     wait_for(lambda: redis.llen("seen:k") == 3, timeout=90, what=f"the new owner to run all three: {second.output()}")
     assert redis.lrange("seen:k", 0, -1) == ["0", "1", "2"]
     assert redis.lrange("deliveries:k", 0, -1) == ["0:1", "0:2", "1:2", "2:2"]
+
+
+
+def group_on(redis, stream, group="o"):
+    return any(g["name"] == group for g in redis.xinfo_groups(stream))
+
+
+def readers_waiting(redis, count):
+    """``count`` ordered owners idle in their plain XREAD (a destroyed group goes unnoticed meanwhile)."""
+    waiting = {c["addr"] for name in partitions.names("ordered") for c in node_client(redis, name).client_list()
+               if c.get("cmd") == "xread" and c.get("name", "").startswith("shoal-reader:")}  # nodes of a cluster too
+    return len(waiting) >= count
+
+
+@pytest.mark.slow
+def test_xgroup_destroy_under_ordered_consumers_runs_nothing_twice_and_keeps_key_order(ordered, redis, run_consumer):
+    """Two consumers of two threads, keyed messages published all along, every start counted per entry id.
+
+    Busy: the group destroyed on every partition twice; each partition's owner finds it gone at once and
+    recreates it at its own last read. Quiet: one consumer leaves, the other takes its partitions over
+    and waits in XREAD; the group is destroyed and created again at "0" before it notices, as a consumer
+    starting in between does (its ensure_group at ``start``). Before the fix the owner then read its
+    partitions from the beginning again: entries ran a second time, each key's messages out of order."""
+    streams = {"PARTITIONS": {"ordered": N}, **LEASES, "BLOCK_MS": 500, "PENDING_TIMEOUT_MS": 2000}
+    keys = [f"customer-{k}" for k in range(12)]
+    workers = [run_consumer("ordered:o", "--threads", "2", streams=streams) for _ in range(2)]
+    wait_for(lambda: sorted(held_by_pid(redis, ordered).values()) == [N // 2, N // 2], timeout=60,
+             what="two leases each")
+    sent, done = [], threading.Event()
+
+    def publish_all_along():
+        while not done.is_set():
+            batch, names = keyed(4, keys, first=published(), sleep=0.002)
+            publish_many("ordered", batch, keys=names)
+            sent.append(batch)
+            done.wait(0.005)
+
+    def published():
+        return sum(len(batch) for batch in sent)
+
+    def busy_for(handled):
+        done.clear()
+        publisher = threading.Thread(target=publish_all_along)
+        publisher.start()
+        try:
+            count = redis.llen("trace")
+            wait_for(lambda: redis.llen("trace") >= count + handled, timeout=60, what="consumers busy")
+        finally:
+            done.set()
+            publisher.join()
+
+    def all_handled():
+        return (len(set(redis.lrange("ordered-started", 0, -1))) >= published()
+                and all(redis.xpending(name, "o")["pending"] == 0 for name in ordered))
+
+    publisher = threading.Thread(target=publish_all_along)
+    publisher.start()
+    try:
+        for _ in range(2):
+            count = redis.llen("trace")
+            wait_for(lambda c=count: redis.llen("trace") >= c + 100, timeout=60, what="consumers busy")
+            for name in ordered:
+                redis.xgroup_destroy(name, "o")
+            wait_for(lambda: all(group_on(redis, name) for name in ordered), timeout=60, what="the groups recreated")
+    finally:
+        done.set()
+        publisher.join()
+    wait_for(all_handled, timeout=120, what="every message handled")
+    staying, leaving = workers
+    leaving.signal(signal.SIGTERM)
+    assert leaving.wait(60) == 0, leaving.output()
+    wait_for(lambda: held_by_pid(redis, ordered) == {staying.pid: N}, timeout=60, what="one consumer holding all")
+    wait_for(lambda: readers_waiting(redis, N), timeout=60, what="its read loops idle in XREAD")
+    for name in ordered:
+        pipe = redis.pipeline(transaction=True)
+        pipe.xgroup_destroy(name, "o")
+        pipe.xgroup_create(name, "o", id="0")
+        pipe.execute()
+    busy_for(100)
+    wait_for(all_handled, timeout=120, what="every message handled")
+    assert staying.proc.poll() is None, staying.output()
+    twice = {entry: n for entry, n in Counter(redis.lrange("ordered-started", 0, -1)).items() if n > 1}
+    assert twice == {}, f"{len(twice)} of {published()} entries ran more than once"
+    assert_per_key_order(redis, keys, expected_of(sent))
+    assert_no_overlap(redis)
