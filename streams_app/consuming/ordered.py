@@ -17,6 +17,7 @@ first takes every entry pending in the partition (whoever held them) and hands t
 order, before it reads new ones.
 """
 import functools
+import heapq
 import logging
 import time
 
@@ -168,7 +169,7 @@ class OrderedGroupLoop(GroupLoop):
             return
         if self.to_ack:
             self.flush_acks()  # fenced: refused unless the lease is still ours in Redis
-        self.errors, self.to_dead_letter, self.replaying = [], [], False
+        self.errors, self.to_dead_letter, self.replaying, self.retries = [], [], False, []
         if self.lease.holding:
             self.shutdown.wait(UNTRUSTED_WAIT_SECONDS)  # held but past our deadline: a renewal may come
         else:
@@ -188,7 +189,7 @@ class OrderedGroupLoop(GroupLoop):
                            "process was paused or cut off past LEASE_TTL_MS); it stops acting on that partition",
                            self.consumer, what, self.stream, self.group)
         self.lease.lost(token)
-        self.replaying = False
+        self.replaying, self.retries = False, []
 
     def take_partition(self):
         """As a new owner: take every entry pending in the partition, to hand them out first, in order."""
@@ -204,7 +205,7 @@ class OrderedGroupLoop(GroupLoop):
         if stood is not None and (self.last_read_id is None or id_key(stood) > id_key(self.last_read_id)):
             self.last_read_id = stood
         self.replaying = True
-        self.errors, self.to_dead_letter = [], []
+        self.errors, self.to_dead_letter, self.retries = [], [], []
         logger.info("Consumer %s: owns %s/%s (took over %d pending entries)", self.consumer, self.stream,
                     self.group, taken)
 
@@ -244,11 +245,12 @@ class OrderedGroupLoop(GroupLoop):
         busy = set(self.to_ack) | {failure[0] for failure in self.to_dead_letter}
         rows = [row for row in rows if to_text(row["message_id"]) not in busy]
         if not rows:
-            self.replaying = False
+            self.replaying, self.retries = False, []
             return []
         head, deliveries = to_text(rows[0]["message_id"]), rows[0]["times_delivered"]
         if deliveries >= self.max_deliveries:
             self.to_dead_letter.append((head, deadletters.RECORDED_ERROR, ""))
+            self._forget_retries({head})  # held as a dead-letter move now
             return []
         # No back-off for a head that never ran (it waited behind an entry that is gone now).
         wait = backoff_seconds(deliveries, self.retry_base, self.retry_cap) - rows[0]["time_since_delivered"] / 1000
@@ -261,6 +263,7 @@ class OrderedGroupLoop(GroupLoop):
         if reply is None:
             self._lost(token, "redeliver")
             return []
+        self._forget_retries(set(ids))  # running (held as such) or gone
         entries = []
         for row, found in zip(rows, reply):
             if found:
@@ -302,6 +305,9 @@ class OrderedGroupLoop(GroupLoop):
 
     def _schedule_retry(self, entry_id, deliveries):
         self.replaying = True  # the back-off is read from the PEL (time since delivery) by replay()
+        # Not a timer: only what _hold_again puts back when the group is lost, or the PEL would take
+        # the failed entry and those behind it with it (neither retried nor dead-lettered).
+        heapq.heappush(self.retries, (0.0, entry_id, deliveries))
 
     def _submit(self, messages):
         if not self.lease.valid():
