@@ -235,6 +235,8 @@ class GroupLoop:
             self.make_ready(now)
         self.collect()
         self.flush_failures()
+        if not self.ready:  # flush_failures found the group recreated by another consumer: put back first
+            return
         self.keep_alive(now)
         # Acks go out before anything that may wait; on the way to a read they ride in its round trip.
         if self.settling_now(now):
@@ -390,6 +392,8 @@ class GroupLoop:
     def take_over(self, capacity, now):
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
         entries = self._due_retries(capacity, now)
+        if not self.ready:  # the group was found lost: put back what is held before claiming anything
+            return entries
         if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
             entries += self._claim_from_dead(capacity - len(entries), now)
         if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
@@ -473,11 +477,29 @@ class GroupLoop:
             for entry_id, deliveries in due:
                 heapq.heappush(self.retries, (now, entry_id, deliveries))
             raise
-        entries = []
-        for (_, deliveries), claimed in zip(due, replies):
-            # Deleted from the stream: Redis drops it from the PEL and returns nothing.
-            entries.extend((_str(i), f, deliveries + 1) for i, f in claimed if f)
+        entries, missing = [], []
+        for (entry_id, deliveries), claimed in zip(due, replies):
+            # Deleted from the stream: Redis drops it from the PEL and returns nothing. So it does when
+            # another consumer claimed it meanwhile, or recreated the lost group (see _recreated_elsewhere).
+            got = [(_str(i), f, deliveries + 1) for i, f in claimed if f]
+            if not got:
+                missing.append((now, entry_id, deliveries))
+            entries.extend(got)
+        if missing and self._recreated_elsewhere():
+            for retry in missing:
+                heapq.heappush(self.retries, retry)  # _hold_again puts them back, due as planned
         return entries
+
+    def _recreated_elsewhere(self):
+        """Entries held here are no longer pending in the group: acked or taken by another consumer, or
+        the group was lost and another one recreated it before this one noticed. A busy consumer does not
+        notice: its keep-alive and moves find a group, and it does not read. While the settling marker
+        lives it is the latter, unless this consumer already handled that loss (it reads nothing until
+        the marker lapses): handle it now, as if NOGROUP had come. True then."""
+        if self.clock() < self.read_after or not self.conn.exists(self.settling):
+            return False
+        self._group_lost("entries it held were no longer pending in it: another consumer recreated it first")
+        return True
 
     def _claim_abandoned(self, room, now):
         """Claim entries of other consumers idle past the pending timeout and their back-off.
@@ -657,7 +679,9 @@ class GroupLoop:
                            self.stream, self.group, dead_letter_key(self.stream))
         self.errors = []
         refused = {entry_id for entry_id, _ in result.refused}
-        self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in refused]
+        # Kept: what Redis refused, and what the group lost (then _hold_again puts them back to be moved).
+        kept = refused | (set(result.not_pending) if result.not_pending and self._recreated_elsewhere() else set())
+        self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in kept]
         if refused:
             self.moves_due = self.clock() + REFUSED_RETRY_SECONDS
             refusals.refused("dead_letter", result.refused[0][1])
@@ -720,6 +744,9 @@ class GroupLoop:
         try:
             self.flush_acks()
             self.flush_failures()
+            if not self.ready and self.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
+                self.make_ready(self.clock())  # puts the moves back in the group, to be made now
+                self.flush_failures()
             return True
         except TRANSIENT_ERRORS:
             return False

@@ -144,6 +144,8 @@ class OrderedGroupLoop(GroupLoop):
             return
         self.flush_acks()
         self.flush_failures()
+        if not self.ready:  # the group was found recreated by another process: put back first
+            return
         self.keep_alive(now)
         if self.chunks:
             self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))

@@ -301,6 +301,10 @@ def _pause(message):
         time.sleep(seconds)
 
 
+# Sleeps and writes nothing to Redis: it runs at maxmemory (test_delivery_guarantees.py).
+consumer("quiet", group="a")(_pause)
+
+
 @consumer(SLOW_CHAOS_STREAM, group="db", idempotent="db", max_deliveries=50, retry_backoff=(0.2, 1))
 def slow_chaos_db(message):
     """One Effect row per key, after a pause that may outlast the pending timeout."""

@@ -261,6 +261,43 @@ def test_at_maxmemory_redis_guarded_entries_that_never_ran_are_not_counted_or_de
     assert sorted(client.lrange("handled:idemonce:r", 0, -1)) == sorted(ids)  # each once
 
 
+def test_a_dead_letter_move_refused_at_maxmemory_survives_a_group_recreated_by_another_consumer(redis_factory,
+                                                                                                 run_consumer):
+    """A poison entry's move is refused at maxmemory and waits in its consumer, which is busy (a 20 s
+    handler, another waiting for the thread: no read) when the group is destroyed and Redis has room
+    again; the idle consumer recreates the group at once, after what it read. Before the fix the busy
+    one's next try (within a second) found the entry not pending, took it for moved by someone else and
+    dropped it: neither dead-lettered nor pending (the 1-in-300 loss of docs/failures.md, 3 of 3 runs)."""
+    server = redis_factory()
+    client = server.client()
+    poison = client.xadd("quiet", {"payload": "{not json"})
+    for _ in range(2):  # one runs, one waits for the only thread: no slot left, so no read either
+        client.xadd("quiet", {"payload": json.dumps({"sleep": 20})})
+    later = [client.xadd("quiet", {"payload": json.dumps({"n": n})}) for n in range(3)]
+    client.xgroup_create("quiet", "a", id="0")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    streams = {"BATCH_SIZE": 1, "BLOCK_MS": 500}
+    busy = run_consumer("quiet:a", "--threads", "1", server=server, streams=streams)
+    wait_for(lambda: client.xpending("quiet", "a")["pending"] == 3 and "refuses writes" in busy.output(), timeout=60,
+             what="the busy consumer holding the slow entries and the refused move")
+    idle = run_consumer("quiet:a", "--threads", "1", server=server, streams=streams)
+    wait_for(lambda: client.xinfo_groups("quiet")[0]["last-delivered-id"] == later[-1]
+             and client.xpending("quiet", "a")["pending"] == 3 and reader_blocked(client), timeout=60,
+             what="the idle consumer to read and ack the rest")
+    pipe = client.pipeline(transaction=False)  # MULTI is refused at maxmemory; one round trip will do
+    pipe.config_set("maxmemory", "0")  # room again, and the group gone, within a fraction of a millisecond
+    pipe.xgroup_destroy("quiet", "a")
+    pipe.execute()
+    idle.wait_for_output("recreated at", timeout=30)
+    assert stop(busy, idle) == [0, 0], [p.output() for p in (busy, idle)]
+    dead = [fields["shoal:origin_id"] for _, fields in client.xrange("{quiet}:dlq")]
+    pending = [row["message_id"] for row in client.xpending_range("quiet", "a", "-", "+", 10)]
+    assert poison in dead + pending, f"lost: not dead-lettered, not pending ({dead}, {pending})"
+    assert dead == [poison], (dead, pending)
+    assert "another consumer recreated it first" in busy.output()
+
+
 # -- 5. replay to a group that no longer exists --------------------------------------------------------
 
 def test_replay_to_a_destroyed_group_is_refused_and_removes_nothing(redis, run_command):
