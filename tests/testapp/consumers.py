@@ -450,3 +450,5 @@ def records_its_deliveries(message):
 
 consumer("oonce", group="o", ordered=True, max_deliveries=1, retry_backoff=0.05)(records_its_deliveries)
 consumer("othrice", group="o", ordered=True, max_deliveries=3, retry_backoff=0.05)(records_its_deliveries)
+# A back-off a test can act within: a failed entry waits in the PEL that long (test_ordered.py).
+consumer("owaits", group="o", ordered=True, retry_backoff=1)(records_its_order)

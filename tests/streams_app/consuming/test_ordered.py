@@ -581,15 +581,15 @@ def test_a_failed_entry_and_those_behind_it_survive_a_group_destroyed_while_they
     """The failed head and the entries read behind it wait in the PEL only; a lost group takes the PEL
     with it. Before the fix they were neither retried nor dead-lettered: seen:k stayed empty."""
     settings.STREAMS = {**settings.STREAMS, "PENDING_TIMEOUT_MS": 1000}  # a short settling time
-    loop, leases = make_ordered("a")
-    publish("single", {"key": "k", "n": 0, "fail": 2})  # fails its first delivery
+    loop, leases = make_ordered("a", "owaits:o")
+    publish("owaits", {"key": "k", "n": 0, "fail": 2})  # fails its first delivery, then waits 1 s
     for n in (1, 2):
-        publish("single", {"key": "k", "n": n})
+        publish("owaits", {"key": "k", "n": n})
     run_until(loop, leases, lambda: loop.replaying and not loop.chunks and redis.lrange("trace", 0, -1) == []
-              and redis.xpending("single", "o")["pending"] == 3, "the first delivery to fail")
-    redis.xgroup_destroy("single", "o")
+              and redis.xpending("owaits", "o")["pending"] == 3, "the first delivery to fail")
+    redis.xgroup_destroy("owaits", "o")
     deadline = time.monotonic() + 20
-    while not (redis.llen("seen:k") == 3 and not redis.xpending("single", "o")["pending"]):
+    while not (redis.llen("seen:k") == 3 and not redis.xpending("owaits", "o")["pending"]):
         assert time.monotonic() < deadline, f"all three to run after the loss: {redis.lrange('seen:k', 0, -1)}"
         leases.tick()
         loop.step()  # step(), not tick(): finds the group lost and recreates it
