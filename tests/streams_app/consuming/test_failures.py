@@ -333,6 +333,30 @@ def test_a_failed_entry_waiting_for_its_retry_survives_an_xgroup_destroy(redis, 
     assert [call[1] for call in FAILING_CALLS if call[0] == entry] == [1, 2, 3, 4]
 
 
+def test_a_failed_entry_waiting_for_its_retry_survives_a_group_another_consumer_recreated_first(redis, make_loop):
+    """The group is destroyed and the other consumer recreates it (after what it read) before this one's
+    retry is due; this one reads nothing new, so it sees no NOGROUP. Before the fix its retry's XCLAIM
+    found nothing in the new group and the entry was dropped: neither retried nor dead-lettered."""
+    FAILING_CALLS.clear()
+    entry = publish("failing", {"n": 1})
+    loop = make_loop("failing:g", name="busy", PENDING_TIMEOUT_MS=30_000)
+    run_until(loop, lambda: loop.retries)  # failed once, waiting for its retry
+    later = publish("failing", {"n": 2})
+    other = make_loop("failing:g", name="other", PENDING_TIMEOUT_MS=30_000)
+    run_until(other, lambda: other.last_read_id == later)
+    redis.xgroup_destroy("failing", "g")
+    deadline = time.monotonic() + 30
+    while not redis.exists(other.settling):  # recreated by the other, after what it read
+        assert time.monotonic() < deadline
+        other.step()
+    while not (redis.xlen("{failing}:dlq") == 1 and settled(loop)):
+        assert time.monotonic() < deadline, (FAILING_CALLS, redis.xinfo_groups("failing"))
+        loop.step()
+    [(_, fields)] = redis.xrange("{failing}:dlq")
+    assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "4"
+    assert [call[1] for call in FAILING_CALLS if call[0] == entry] == [1, 2, 3, 4]
+
+
 def test_replay_all_replays_what_was_dead_when_it_started_and_ends(redis):
     redis.xgroup_create("jobs", "a", id="$", mkstream=True)
     for n in range(250):  # two pages of REPLAY_BATCH
