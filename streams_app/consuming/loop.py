@@ -297,11 +297,12 @@ class GroupLoop:
         finally:
             self.reading = False
         entries = [(_str(entry_id), fields, 1) for _, entries in reply or () for entry_id, fields in entries]
-        return self.trusted(entries)
+        return self.trusted(entries, settling)
 
-    def trusted(self, entries):
+    def trusted(self, entries, settling=None):
         """What of a group read may run: nothing when the read is behind this consumer's last read or
-        comes while the group settles (taken back, see _read_back); else all of it, noted as read."""
+        comes while the group settles (taken back, see _read_back); else all of it, noted as read.
+        ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
         if not entries:
             return entries
         behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
