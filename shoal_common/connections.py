@@ -1,17 +1,45 @@
-"""Redis connections from django-redis, never kept in a module global, and the errors that mean "not now".
+"""Redis connections from django-redis, remembered per thread as Django remembers the cache backend, and
+the errors that mean "not now".
 
 redis-py pools remember the pid that made them and start afresh in a forked child, so a worker
 process never writes to a socket its parent also uses. Each app passes its own alias setting.
 One server or a Redis Cluster behind the same alias: see shoal_common.redisconn.
 """
+import threading
+
+from django.core.signals import setting_changed
 from django_redis import get_redis_connection
 
 from shoal_common import redisconn
 from shoal_common.redisconn import TRANSIENT_ERRORS  # noqa: F401  (re-exported: one tuple for both apps)
 
 
+_local = threading.local()
+
+
 def get_connection(alias):
-    return get_redis_connection(alias)
+    """django-redis's client for ``alias``, the one Django's per-thread cache backend holds.
+
+    Asking django-redis goes through Django's context-local cache handler: a few µs, as much as
+    everything else a ``publish`` does in Python. The client is the same each time within a thread
+    (and shares the process's pool with other threads), so each thread keeps it, until CACHES changes.
+    """
+    clients = getattr(_local, "clients", None)
+    if clients is None:
+        clients = _local.clients = {}
+    client = clients.get(alias)
+    if client is None:
+        client = clients[alias] = get_redis_connection(alias)
+    return client
+
+
+def _forget_clients(*, setting, **kwargs):
+    global _local
+    if setting == "CACHES":  # Django drops its cache backends then: every thread asks again
+        _local = threading.local()
+
+
+setting_changed.connect(_forget_clients, weak=False)
 
 
 def dedicated_connection(alias, client_name=None):
