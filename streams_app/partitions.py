@@ -107,19 +107,22 @@ def record_key(stream):
     return f"{keys.hash_tag(stream)}:partitions"
 
 
-_checked = set()
+# stream -> its partition names, once checked. The names follow from the settings alone, and a
+# settings change empties this (forget_checks): one lookup per publish, not a layout rebuilt.
+_checked = {}
 
 
 def ensure_recorded(conn, stream):
-    """Record ``stream``'s partition names in Redis, or check them against the recorded ones.
+    """Record ``stream``'s partition names in Redis, or check them against the recorded ones; return them.
 
     Once per process and stream. Raises PartitionConfigError when the declared layout differs
     from the recorded one (no record: the plain, unpartitioned stream) and the streams of the
     recorded layout that the new one drops still hold entries.
     """
+    checked = _checked.get(stream)
+    if checked is not None:
+        return checked
     wanted = names(stream)
-    if (stream, tuple(wanted)) in _checked:
-        return wanted
     raw = conn.get(record_key(stream))
     recorded = json.loads(raw) if raw else [stream]
     if recorded != wanted:
@@ -131,7 +134,7 @@ def ensure_recorded(conn, stream):
             conn.set(record_key(stream), json.dumps(wanted))
         else:
             conn.delete(record_key(stream))
-    _checked.add((stream, tuple(wanted)))
+    _checked[stream] = wanted
     return wanted
 
 

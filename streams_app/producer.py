@@ -19,13 +19,24 @@ from streams_app.exceptions import NotReplicatedError, PartialPublishError, Publ
 _PIPELINE_CHUNK = 1000
 
 
+# Names already found valid: a service publishes to a few streams, over and over (bounded all the same).
+_valid_names = set()
+_MOST_VALID_NAMES = 10_000
+
+
 def validate_stream_name(stream):
+    if type(stream) is str and stream in _valid_names:
+        return stream
     if not isinstance(stream, str) or not stream.strip():
         raise PublishError(f"stream name must be a non-empty string, not {stream!r}")
     if "{" in stream or "}" in stream:
         # Shoal wraps the name in {} to pin its keys to one cluster slot; braces inside would break that.
         raise PublishError(f"stream name {stream!r} must not contain '{{' or '}}'")
     _utf8_size(stream, "stream name")  # a Redis key is bytes: a lone surrogate has none
+    if type(stream) is str:
+        if len(_valid_names) >= _MOST_VALID_NAMES:
+            _valid_names.clear()
+        _valid_names.add(stream)
     return stream
 
 
