@@ -388,8 +388,10 @@ def _send_partitioned(conn, stream, targets, batch, maxlen, done):
     Redis fails part-way, the messages after the last one known stored are reported in doubt.
     """
     replies = [None] * len(batch)
-    for target in dict.fromkeys(targets):
-        positions = [i for i, t in enumerate(targets) if t == target]
+    shares = {}  # partition -> positions in the batch, partitions in order of first appearance
+    for i, target in enumerate(targets):
+        shares.setdefault(target, []).append(i)
+    for target, positions in shares.items():
         pipe = slot_pipeline(conn, target, transaction=True)
         for i in positions:
             _xadd(pipe, target, batch[i], maxlen)
