@@ -1,10 +1,13 @@
-"""Realistic handlers: a 1 ms I/O wait and one Django ORM row on PostgreSQL, against a plain sequential loop.
+"""Realistic handlers: a 1 ms I/O wait, 1 ms of Python computing and one Django ORM row on PostgreSQL,
+against a plain sequential loop.
 
-    .venv/bin/python bench/realistic.py            # quick default: 3,000 messages + 4 s at 100/s per row, ~5 min in all
+    .venv/bin/python bench/realistic.py            # quick default: 3,000 messages + 4 s at 100/s per row, ~7 min in all
     .venv/bin/python bench/realistic.py --messages 20000 --seconds 10 --rate 300
+    .venv/bin/python bench/realistic.py --handlers cpu --threads 1 4      # one handler, fewer rows
 
-Two handlers (bench/benchapp/consumers.py): ``sleep`` waits 1 ms (``time.sleep(0.001)``, a call to
-another service); ``orm`` inserts one row with the ORM (``Effect.objects.create``, autocommit) into a
+Three handlers (bench/benchapp/consumers.py): ``sleep`` waits 1 ms (``time.sleep(0.001)``, a call to
+another service); ``cpu`` computes for about 1 ms in pure Python (holding the GIL, as parsing or
+scoring would); ``orm`` inserts one row with the ORM (``Effect.objects.create``, autocommit) into a
 PostgreSQL database created for the run on 127.0.0.1:5432 and dropped at the end (skipped, with a
 message, when no server answers). Each handler runs as a plain sequential loop (XREADGROUP COUNT 500
 BLOCK, the same work per entry, one XACK per read) and as ``runconsumer`` with ``--threads`` 1, 4, 16
@@ -26,7 +29,7 @@ import time
 from common import ROOT, manage, setup_django, start_redis
 
 GROUP = "bench"
-HANDLERS = {"sleep": "real_sleep", "orm": "real_orm"}
+HANDLERS = {"sleep": "real_sleep", "cpu": "real_cpu", "orm": "real_orm"}
 
 
 def load():
@@ -39,10 +42,10 @@ def plain_loop(url, stream, kind, stop):
     import redis
     from django.db import connections
 
-    from bench.benchapp.consumers import io_wait_work, orm_work
+    from bench.benchapp.consumers import cpu_work, io_wait_work, orm_work
 
     connections.close_all()  # never the parent's connection after fork
-    work = io_wait_work if kind == "sleep" else orm_work
+    work = {"sleep": io_wait_work, "cpu": cpu_work, "orm": orm_work}[kind]
     client = redis.Redis.from_url(url)
     while not stop.is_set():
         reply = client.xreadgroup(GROUP, "plain", {stream: ">"}, count=500, block=100)
@@ -162,7 +165,7 @@ def main():
     parser.add_argument("--messages", type=int, default=3_000, help="messages per throughput run")
     parser.add_argument("--rate", type=int, default=100, help="msgs/s offered during the latency run")
     parser.add_argument("--seconds", type=float, default=4, help="length of the latency run")
-    parser.add_argument("--handlers", nargs="+", choices=sorted(HANDLERS), default=["sleep", "orm"])
+    parser.add_argument("--handlers", nargs="+", choices=sorted(HANDLERS), default=["sleep", "cpu", "orm"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--quick", action="store_true", help="the default sizes (a few minutes in all)")

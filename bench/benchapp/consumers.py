@@ -92,6 +92,14 @@ def io_wait_work(payload):
     time.sleep(0.001)
 
 
+def cpu_work(payload):
+    """About 1 ms of pure-Python computing on this machine (parsing, scoring...): it holds the GIL throughout."""
+    total = 0
+    for i in range(25_000):
+        total += i * i % 7
+    return total
+
+
 def orm_work(payload):
     from tests.testapp.models import Effect
 
@@ -101,6 +109,12 @@ def orm_work(payload):
 @consumer("real_sleep", group="bench")
 def realistic_sleep(message):
     io_wait_work(message.payload)
+    record_done(message)
+
+
+@consumer("real_cpu", group="bench")
+def realistic_cpu(message):
+    cpu_work(message.payload)
     record_done(message)
 
 
