@@ -11,10 +11,12 @@ Side by side on one private redis-server, the same payloads (a small order dict)
   ``json.dumps(payload)`` per message, ``execute``) vs ``publish_many(stream, batch)``, per batch size;
 - **one at a time**: ``client.xadd(stream, fields)`` vs ``publish(stream, payload)``.
 
-Every case runs --repeat times, raw and Shoal alternating (who goes first alternates too), each on a
-freshly deleted stream. Printed per run: msgs/s of both and Shoal/raw (the ratio; 1.0 is no overhead),
-then the median ratio per case. Wall clock: the machine is shared, so the load average is printed too.
-Shoal encodes with its configured codec (``STREAMS["CODEC"]``), the raw loop with ``json.dumps``.
+Every case runs --repeat times. Within a run raw and Shoal take turns every --slice messages (who
+goes first alternates), each slice on a freshly deleted stream, so that both meet the same moments of
+a shared machine's load. Printed per run: msgs/s of both and Shoal/raw (the ratio; 1.0 is no
+overhead), and the CPU time this process spent per message (raw's / Shoal's: the same ratio by CPU,
+which the other processes on the machine disturb less); then the medians per case, with the load
+average. Shoal encodes with its configured codec (``STREAMS["CODEC"]``), the raw loop with ``json.dumps``.
 """
 import argparse
 import cProfile
@@ -65,15 +67,32 @@ def shoal_one(client, stream, payloads, batch):
 
 
 def timed(fn, client, stream, payloads, batch):
+    """(wall seconds, CPU seconds of this process) of ``fn`` writing ``payloads`` to an empty stream."""
     client.delete(stream)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn(client, stream, payloads, batch)
-    took = time.perf_counter() - start
+    took, cpu = time.perf_counter() - start, time.process_time() - cpu
     written = client.xlen(stream)
     if written != len(payloads):
         raise AssertionError(f"{fn.__name__} wrote {written} entries, not {len(payloads)}")
     client.delete(stream)
-    return len(payloads) / took
+    return took, cpu
+
+
+def one_run(raw, shoal, client, payloads, batch, slice_size, first):
+    """Raw and Shoal take turns slice by slice, so that both meet the same moments of a shared machine's load.
+
+    Returns {fn: (msgs/s, CPU µs per message)}.
+    """
+    wall, cpu = {raw: 0.0, shoal: 0.0}, {raw: 0.0, shoal: 0.0}
+    for n, start in enumerate(range(0, len(payloads), slice_size)):
+        chunk = payloads[start : start + slice_size]
+        order = (raw, shoal) if (n + first) % 2 == 0 else (shoal, raw)
+        for fn in order:
+            took, spent = timed(fn, client, "bench:publish", chunk, batch)
+            wall[fn] += took
+            cpu[fn] += spent
+    return {fn: (len(payloads) / wall[fn], cpu[fn] / len(payloads) * 1e6) for fn in (raw, shoal)}
 
 
 def profile(client, payloads, batch):
@@ -96,6 +115,7 @@ def main():
     parser.add_argument("--single", type=int, default=5_000, help="messages per one-at-a-time case and run")
     parser.add_argument("--batches", type=int, nargs="+", default=[100, 1000], help="publish_many batch sizes")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case, raw and Shoal alternating")
+    parser.add_argument("--slice", type=int, default=2_000, help="messages raw or Shoal sends before the other's turn (a quarter of it one at a time)")
     parser.add_argument("--profile", action="store_true", help="cProfile Shoal's side instead of timing")
     args = parser.parse_args()
     os.environ.setdefault("SHOAL_TEST_STREAMS", "{}")
@@ -117,16 +137,20 @@ def main():
             for fn in (raw, shoal):  # warm-up: connections, caches, the stream's partition check
                 fn(client, "bench:warm", payloads[:200], batch)
             client.delete("bench:warm")
-            ratios = []
-            print(f"\n{name}, {count:,} messages per run")
+            # One at a time is ~5x slower per message: a quarter of the slice takes turns as often.
+            slice_size = max(batch, args.slice // batch * batch) if batch > 1 else max(1, args.slice // 4)
+            ratios, cpu_ratios = [], []
+            print(f"\n{name}, {count:,} messages per run, raw and Shoal alternating every {slice_size:,}")
             for run in range(args.repeat):
-                order = (raw, shoal) if run % 2 == 0 else (shoal, raw)
-                rates = {fn: timed(fn, client, "bench:publish", payloads, batch) for fn in order}
-                ratio = rates[shoal] / rates[raw]
-                ratios.append(ratio)
-                print(f"  run {run + 1}: raw {rates[raw]:>9,.0f} msgs/s   shoal {rates[shoal]:>9,.0f} msgs/s   "
-                      f"shoal/raw {ratio:.2f}   {load()}", flush=True)
-            print(f"  median shoal/raw {statistics.median(ratios):.2f} over {len(ratios)} runs")
+                got = one_run(raw, shoal, client, payloads, batch, slice_size, run)
+                (raw_rate, raw_cpu), (shoal_rate, shoal_cpu) = got[raw], got[shoal]
+                ratios.append(shoal_rate / raw_rate)
+                cpu_ratios.append(raw_cpu / shoal_cpu)
+                print(f"  run {run + 1}: raw {raw_rate:>9,.0f} msgs/s {raw_cpu:6.2f} µs CPU/msg   shoal {shoal_rate:>9,.0f} "
+                      f"msgs/s {shoal_cpu:6.2f} µs CPU/msg   shoal/raw {ratios[-1]:.2f} (CPU {cpu_ratios[-1]:.2f})   "
+                      f"{load()}", flush=True)
+            print(f"  median shoal/raw {statistics.median(ratios):.2f} (by CPU per message "
+                  f"{statistics.median(cpu_ratios):.2f}) over {len(ratios)} runs")
     finally:
         server.stop()
 
