@@ -238,6 +238,8 @@ class GroupLoop:
         if not self.ready:  # flush_failures found the group recreated by another consumer: put back first
             return
         self.keep_alive(now)
+        if not self.ready:  # or the keep-alive did
+            return
         # Acks go out before anything that may wait; on the way to a read they ride in its round trip.
         if self.settling_now(now):
             return
@@ -384,11 +386,19 @@ class GroupLoop:
         self.next_keep_alive = now + self.keep_alive_every
         messages = [m for chunk in list(self.chunks.values()) for m in chunk]
         marks = getattr(self.guard, "mark_key", None)
+        kept = 0
         for start in range(0, len(messages), KEEP_ALIVE_BATCH):
             batch = messages[start : start + KEEP_ALIVE_BATCH]
             script_keys = [self.stream] + ([marks(m) for m in batch] if marks else [])
-            scripts.run(self.conn, "keep_alive", script_keys,
-                        [self.group, self.consumer, self.guard.running_ms if marks else 0, *(m.id for m in batch)])
+            kept += int(scripts.run(self.conn, "keep_alive", script_keys,
+                                    [self.group, self.consumer, self.guard.running_ms if marks else 0,
+                                     *(m.id for m in batch)]))
+        # A consumer whose threads are all busy does not read, so no NOGROUP tells it that its group was
+        # lost and another consumer already recreated it (further back, at what that one read): its
+        # running entries simply are not pending any more. Unnoticed past the settling time, the
+        # recreated group would hand them out again while they run here.
+        if kept < len(messages):
+            self._recreated_elsewhere()
 
     def take_over(self, capacity, now):
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""

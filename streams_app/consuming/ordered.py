@@ -147,6 +147,8 @@ class OrderedGroupLoop(GroupLoop):
         if not self.ready:  # the group was found recreated by another process: put back first
             return
         self.keep_alive(now)
+        if not self.ready:  # or the keep-alive did (GroupLoop.keep_alive)
+            return
         if self.chunks:
             self.collect(timeout=min(1.0, self.block_ms / 1000, self.keep_alive_every))
             self.flush_acks()

@@ -161,6 +161,33 @@ def test_group_is_recreated_when_redis_loses_it(redis, make_loop):
     wait_for(lambda: (loop.step() or redis.llen("handled:jobs:a") == 1), timeout=10, what="handled after FLUSHALL")
 
 
+def test_a_consumer_too_busy_to_read_notices_at_its_keep_alive_that_another_recreated_its_lost_group(
+        redis, make_loop):
+    """Its threads run slow handlers, so the busy consumer does not read and gets no NOGROUP; the idle
+    one finds the group destroyed and recreates it at the start (it read nothing). Before the fix only
+    the busy one's next read (when its handlers end) made it notice: past the settling time the other
+    would have been handed the running entries again. Its keep-alive now finds them no longer pending
+    while the settling marker lives: it moves the group to what it read and holds them again."""
+    # Two threads, four chunks (two running, two queued behind them): every slot taken, no read.
+    ids = [publish("jobs", {"sleep": 8 if n < 2 else 0, "n": n}) for n in range(4)]
+    busy = make_loop("jobs:a", name="busy", threads=2, PENDING_TIMEOUT_MS=400)  # a keep-alive every 0.1 s
+    run_until(busy, lambda: busy.in_flight == set(ids))
+    other = make_loop("jobs:a", name="other", PENDING_TIMEOUT_MS=400)
+    other.tick()
+    redis.xgroup_destroy("jobs", "a")
+    wait_for(lambda: other.step() or redis.exists(other.settling), timeout=10, what="the group recreated by the other")
+    assert redis.xinfo_groups("jobs")[0]["last-delivered-id"] == "0-0"
+
+    def moved_and_held():
+        busy.step()
+        [group] = redis.xinfo_groups("jobs")
+        held = {row["message_id"] for row in redis.xpending_range("jobs", "a", "-", "+", 10, consumername="busy")}
+        return group["last-delivered-id"] == ids[-1] and held == set(ids)
+
+    wait_for(moved_and_held, timeout=6, what="the busy consumer to move the group to what it read")
+    assert busy.in_flight == set(ids)  # noticed while its handlers still run, not at its next read
+
+
 def test_a_lost_group_with_a_retry_scheduled_is_recreated_not_a_crash(redis, make_loop):
     # The retry's XCLAIM goes through a pipeline, whose errors redis-py words differently.
     publish("jobs", {"fail": "once"})
