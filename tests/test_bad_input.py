@@ -278,7 +278,7 @@ def test_every_admin_url_with_a_malformed_or_unknown_id_is_a_404(client, db, red
     (["--min-workers", "4", "--max-workers", "2"], r"--min-workers \(4\) is above --max-workers \(2\)"),
     (["--target-lag", "10"], "--target-lag only applies with --min-workers/--max-workers"),
     (["--workers", "2", "--target-lag", "10"], "--target-lag only applies"),
-    (["--heartbeat-timeout", "5"], "need a supervisor"),
+    (["--heartbeat-timeout", "5"], "needs a supervisor"),
     (["--shutdown-timeout", "-1"], r"--shutdown-timeout: invalid number of seconds \(0 or more\)"),
 ])
 def test_runconsumer_contradictory_flags_are_configuration_errors(redis, flags, error):

@@ -219,7 +219,10 @@ class Supervisor:
     def handle_hup(self, now):
         if self.stopping:
             return
-        self.reload_queue = [w.pid for w in sorted(self.active(), key=lambda w: w.started_at)]
+        # A rollout's extra worker counts too: a HUP during a rollout must not leave it on the code the
+        # previous HUP loaded (or, with --preload, forked from the previous zygote).
+        running = [w for w in self.workers.values() if not w.stopping]
+        self.reload_queue = [w.pid for w in sorted(running, key=lambda w: w.started_at)]
         logger.info("Supervisor: SIGHUP received; rolling restart of %d workers, one at a time", len(self.reload_queue))
         self._spawner_hook("reload")
 

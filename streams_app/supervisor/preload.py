@@ -27,11 +27,12 @@ from streams_app.exceptions import ConsumerConfigError
 from streams_app.metrics import multiprocess
 from streams_app.supervisor.heartbeat import HeartbeatFile
 from streams_app.supervisor.spawn import ExecSpawner
+from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
 logger = logging.getLogger("streams_app.supervisor")
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-REPLY_TIMEOUT = 30.0  # seconds a fork request may take before the zygote counts as hung
+REPLY_TIMEOUT = 5.0  # seconds a fork request may take (it takes milliseconds) before the zygote counts as hung
 RETIRE_TIMEOUT = 5.0
 BOOT_POLL = 0.1  # how often a master waiting for its zygote looks for a stop signal
 
@@ -161,6 +162,12 @@ class ZygoteSpawner(ExecSpawner):
         if reply != b"ready":
             zygote.close()
             proc.wait()
+            # Only a boot error (an ImportError in a consumers.py) keeps the previous zygote for the
+            # replacements, as an aborted rollout keeps the old workers. A zygote killed or timed out
+            # proves nothing about the code: the next worker tries a new zygote again, so that a
+            # rollout does not complete on forks of the old code.
+            if proc.returncode != EXIT_BOOT_ERROR:
+                self.stale = True
             logger.error("Supervisor: zygote (pid %s) failed to boot (exit %s); the worker it was to fork counts as "
                          "one that failed to boot", zygote.pid, proc.returncode)
             return proc  # the supervisor sees a worker that failed to boot (or was killed)
@@ -198,7 +205,10 @@ class ZygoteSpawner(ExecSpawner):
             reply = f"error {exc}".encode()
         if reply.startswith(b"pid "):
             return int(reply[4:])
-        # A zygote that cannot fork or answer is not trusted with the next worker either.
+        # A zygote that cannot fork or answer is not trusted with the next worker either; one that does not
+        # answer may be stopped (SIGSTOP) and would never read the end of file that retires it.
+        if zygote.proc.poll() is None:
+            zygote.proc.kill()
         self._retire(zygote)
         self.zygote = None
         raise OSError(f"zygote (pid {zygote.pid}) did not fork worker {number}: "

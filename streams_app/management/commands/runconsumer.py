@@ -114,7 +114,8 @@ class Command(DaemonCommand):
             given += ["preload"] if options.get("preload") else []
             if given:
                 flags = ", ".join("--" + name.replace("_", "-") for name in given)
-                raise config_error(f"{flags} need a supervisor: add --workers N or --min-workers/--max-workers.")
+                raise config_error(f"{flags} {'need' if len(given) > 1 else 'needs'} a supervisor: add --workers N or "
+                                   "--min-workers/--max-workers.")
         elif options["scale_interval"] is not None and not autoscaling and options["metrics_port"] is None:
             raise config_error("--scale-interval applies to autoscaling or --metrics-port (lag readings).")
         if options.get("preload") and not sys.platform.startswith("linux"):

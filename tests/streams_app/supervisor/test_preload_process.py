@@ -173,6 +173,56 @@ def test_hup_with_code_that_fails_to_import_keeps_the_old_zygote_for_replacement
     assert master.wait(30) == 0, master.output()
 
 
+def test_a_hup_whose_new_zygote_is_killed_while_importing_still_rolls_out_the_new_code(redis, supervise, preload_app,
+                                                                                      handler_app, tmp_path):
+    # Found by a user trial: the killed zygote counted as a crashed worker, its replacement was forked
+    # from the old zygote, and the rollout "completed" with every worker on the old code.
+    _, env = preload_app
+    write, _ = handler_app
+    gate = tmp_path / "gate"
+    master = supervise("flow:g", "--workers", "1", "--preload", *FAST, env=env)
+    wait_for(lambda: len(workers(master)) == 1, timeout=60, what="1 worker")
+    [old_zygote] = zygotes(master)
+    write(body=HANDLER.format(version="v2") + textwrap.dedent(f"""
+        import sys
+        if sys.argv[0].endswith("zygote.py") and not os.path.exists({str(gate)!r}):
+            time.sleep(600)  # the first new zygote hangs in its import until the test kills it
+    """))
+    master.signal(signal.SIGHUP)
+    wait_for(lambda: [z for z in zygotes(master) if z != old_zygote], timeout=60, what="the new zygote")
+    [hung] = [z for z in zygotes(master) if z != old_zygote]
+    master.wait_for_output(f"zygote (pid {hung}) loading the consumers", timeout=60)
+    gate.write_text("open")  # the next zygote imports at once
+    os.kill(hung, signal.SIGKILL)
+    master.wait_for_output("rolling restart complete", timeout=90)
+    ids = publish(redis, "flow", [{"n": n} for n in range(20)])
+    wait_for(lambda: all_handled(redis, ids), timeout=60, what="handled after the HUP")
+    rows = {row[3]: row for row in handled(redis)}
+    assert {rows[i][0] for i in ids} == {"v2"}, "the rollout completed on the old zygote's code"
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+
+
+def test_a_stopped_zygote_is_killed_and_replaced_when_it_does_not_answer_a_fork(redis, supervise, preload_app):
+    # Found by a user trial: a SIGSTOPped zygote held the master for 30 s per fork request, and once
+    # retired it stayed behind, stopped, until the master exited.
+    _, env = preload_app
+    master = supervise("flow:g", "--workers", "1", "--preload", *FAST, env=env)
+    wait_for(lambda: len(workers(master)) == 1, timeout=60, what="1 worker")
+    [zygote] = zygotes(master)
+    [worker] = workers(master)
+    os.kill(zygote, signal.SIGSTOP)
+    os.kill(worker, signal.SIGKILL)
+    master.wait_for_output(f"zygote (pid {zygote}) did not fork", timeout=60)
+    wait_for(lambda: ppid(zygote) is None, timeout=30, what="the stopped zygote killed")
+    wait_for(lambda: workers(master) and worker not in workers(master), timeout=60, what="a replacement")
+    ids = publish(redis, "flow", [{"n": n} for n in range(10)])
+    wait_for(lambda: all_handled(redis, ids), timeout=60, what="handled by the replacement")
+    assert zygote not in {row[1] for row in handled(redis) if row[3] in ids}
+    master.signal(signal.SIGTERM)
+    assert master.wait(30) == 0, master.output()
+
+
 # -- the supervisor's other behaviours, unchanged with --preload -----------------------------
 
 @pytest.fixture

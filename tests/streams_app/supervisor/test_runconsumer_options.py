@@ -18,11 +18,11 @@ from tests.waiting import wait_for
         (["--min-workers", "3", "--max-workers", "2"], "--min-workers (3) is above --max-workers (2)"),
         (["--min-workers", "2"], "--min-workers needs --max-workers"),
         (["--workers", "2", "--target-lag", "5"], "--target-lag only applies"),
-        (["--heartbeat-timeout", "9"], "--heartbeat-timeout need a supervisor"),
+        (["--heartbeat-timeout", "9"], "--heartbeat-timeout needs a supervisor"),
         (["--heartbeat-timeout", "9", "--scale-interval", "2"], "--heartbeat-timeout, --scale-interval need a supervisor"),
         (["--workers", "2", "--scale-interval", "2"], "--scale-interval applies to autoscaling or --metrics-port"),
         (["--workers", "1", "--heartbeat-interval", "5", "--heartbeat-timeout", "5"], "must be above --heartbeat-interval"),
-        (["--preload"], "--preload need a supervisor"),
+        (["--preload"], "--preload needs a supervisor"),
     ],
 )
 def test_bad_option_combinations_are_explained(args, message):

@@ -213,6 +213,30 @@ def test_hup_replaces_workers_one_at_a_time_and_stops_each_only_once_its_success
     assert sorted(sup.workers) == [p.pid for p in spawner.procs[2:]]
 
 
+def test_a_hup_during_a_rollout_replaces_the_rollouts_extra_worker_too():
+    # The extra worker of the first rollout runs the code of the first HUP. Before the fix the second
+    # rollout's queue held only the two original workers, so that one stayed on the intermediate code.
+    sup, spawner, wall = make(workers=2)
+    sup.tick(0)
+    beat_all(spawner, wall)
+    sup.tick(1)
+    sup.signals.put(signal.SIGHUP)
+    sup.tick(2)
+    [first_surge] = spawner.procs[2:]
+    sup.signals.put(signal.SIGHUP)  # the code changed again before the rollout got far
+    sup.tick(3)
+    assert first_surge.pid in sup.reload_queue
+    for step in range(20):
+        beat_all(spawner, wall)
+        sup.tick(4 + step)
+        for proc in spawner.procs:  # a stopped worker drains and exits
+            if proc.signals and proc.returncode is None:
+                proc.exit(0)
+    assert not sup.reload_queue
+    assert first_surge.signals == [signal.SIGTERM]
+    assert sorted(sup.workers) == [p.pid for p in spawner.procs[-2:]] and first_surge.pid not in sup.workers
+
+
 def test_a_replacement_that_fails_to_boot_aborts_the_rolling_restart_and_keeps_the_old_workers():
     sup, spawner, wall = make(workers=2)
     sup.tick(0)
