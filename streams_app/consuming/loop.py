@@ -216,8 +216,13 @@ class GroupLoop:
         then work as before; only entries held by consumers that died meanwhile stay untracked.
         Entries no longer in the stream (a flush) are skipped by Redis."""
         held = {m.id: (m.deliveries, 0) for chunk in list(self.chunks.values()) for m in chunk}
-        held.update((entry_id, (deliveries, int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000)))
-                    for _, entry_id, deliveries in self.retries)  # idle as if failed a back-off ago: due as planned
+        # A failed entry is put back idle for as long as it has been since it failed: due here as planned,
+        # and claimable by other consumers no sooner than before the loss (idle for a whole back-off,
+        # it was taken over and run at once elsewhere, and this consumer's retry ran it again).
+        now = self.clock()
+        held.update((entry_id, (deliveries, int(max(0.0, backoff_seconds(deliveries, self.retry_base, self.retry_cap)
+                                                    - max(0.0, due - now)) * 1000)))
+                    for due, entry_id, deliveries in self.retries)
         held.update((entry_id, (self.max_deliveries, 0)) for entry_id, _, _ in self.to_dead_letter)
         if not held:
             return

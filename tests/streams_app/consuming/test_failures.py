@@ -3,6 +3,7 @@ import json
 import time
 
 import pytest
+from redis.exceptions import ResponseError
 from django.core.management import CommandError, call_command
 
 from streams_app import publish, publish_many
@@ -331,6 +332,26 @@ def test_a_failed_entry_waiting_for_its_retry_survives_an_xgroup_destroy(redis, 
     [(_, fields)] = redis.xrange("{failing}:dlq")
     assert fields["shoal:origin_id"] == entry and fields["shoal:deliveries"] == "4"
     assert [call[1] for call in FAILING_CALLS if call[0] == entry] == [1, 2, 3, 4]
+
+
+def test_a_failed_entry_put_back_after_a_lost_group_is_not_claimable_before_its_back_off(redis, make_loop):
+    # Found by a user trial: put back idle for a whole back-off, it was taken over at once by another
+    # consumer and run there, and its holder's own retry ran it again.
+    entry = publish("jobs", {"fail": "always"})
+    loop = make_loop("jobs:a", RETRY_BACKOFF=60, RETRY_BACKOFF_MAX=60, PENDING_TIMEOUT_MS=400)
+    run_until(loop, lambda: loop.retries)  # failed once: its retry is a minute away
+    redis.xgroup_destroy("jobs", "a")
+
+    def held_again():
+        loop.step()
+        try:
+            return redis.xpending_range("jobs", "a", "-", "+", 10, consumername="me")
+        except ResponseError:  # NOGROUP: not recreated yet
+            return None
+
+    [row] = wait_for(held_again, timeout=15, what="the failed entry pending again after the loss")
+    assert row["message_id"] == entry
+    assert row["time_since_delivered"] < 30_000, "put back as if its back-off were over: others would take it now"
 
 
 def test_a_failed_entry_waiting_for_its_retry_survives_a_group_another_consumer_recreated_first(redis, make_loop):
