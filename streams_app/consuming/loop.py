@@ -311,6 +311,11 @@ class GroupLoop:
         comes while the group settles (taken back, see _read_back); else all of it, noted as read.
         ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
         if not entries:
+            # A group recreated by another consumer at the stream's end hands out nothing to tell this one
+            # so; had it not been blocked in a read at the loss (it was busy then), the failed entries and
+            # dead-letter moves it holds would find themselves not pending once the marker lapsed.
+            if (self.retries or self.to_dead_letter) and settling is not False:
+                self._recreated_elsewhere()
             return entries
         behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
         if behind or (self.conn.exists(self.settling) if settling is None else settling):

@@ -354,6 +354,28 @@ def test_a_failed_entry_put_back_after_a_lost_group_is_not_claimable_before_its_
     assert row["time_since_delivered"] < 30_000, "put back as if its back-off were over: others would take it now"
 
 
+def test_a_consumer_holding_only_a_retry_learns_of_the_loss_from_an_empty_read_while_the_group_settles(
+        redis, make_loop):
+    # Found by a user trial: busy at the loss (so no NOGROUP), its handlers done before its keep-alive
+    # looked, then only empty reads: it never learned, and its failed entry was dropped when due.
+    entry = publish("jobs", {"fail": "always"})
+    loop = make_loop("jobs:a", name="holder", RETRY_BACKOFF=60, RETRY_BACKOFF_MAX=60)
+    run_until(loop, lambda: loop.retries)
+    later = publish("jobs", {"n": 2})
+    other = make_loop("jobs:a", name="other")
+    run_until(other, lambda: other.last_read_id == later)
+    redis.xgroup_destroy("jobs", "a")
+    # Recreated by the other at what it read, the stream's end: the holder's reads come back empty.
+    wait_for(lambda: other.step() or redis.exists(other.settling), timeout=10, what="the group recreated by the other")
+
+    def held_again():
+        loop.step()
+        return redis.xpending_range("jobs", "a", "-", "+", 10, consumername="holder")
+
+    [row] = wait_for(held_again, timeout=15, what="the failed entry pending with its holder again")
+    assert row["message_id"] == entry
+
+
 def test_a_failed_entry_waiting_for_its_retry_survives_a_group_another_consumer_recreated_first(redis, make_loop):
     """The group is destroyed and the other consumer recreates it (after what it read) before this one's
     retry is due; this one reads nothing new, so it sees no NOGROUP. Before the fix its retry's XCLAIM
