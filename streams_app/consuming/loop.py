@@ -314,7 +314,7 @@ class GroupLoop:
             # A group recreated by another consumer at the stream's end hands out nothing to tell this one
             # so; had it not been blocked in a read at the loss (it was busy then), the failed entries and
             # dead-letter moves it holds would find themselves not pending once the marker lapsed.
-            if (self.retries or self.to_dead_letter) and settling is not False:
+            if (self.retries or self.to_dead_letter) and (settling is None or settling):  # None: not asked
                 self._recreated_elsewhere()
             return entries
         behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
