@@ -34,6 +34,12 @@ def settling_key(stream, group):
     return f"{hash_tag(stream)}:settling:{group}"
 
 
+def groups_key(stream):
+    """The names of every group ever created on ``stream`` (a set): a group missing from the stream but
+    named here was lost (XGROUP DESTROY, DEL of the stream) and is being recreated, not new."""
+    return f"{hash_tag(stream)}:groups"
+
+
 def liveness_key(stream):
     """Consumer name -> liveness deadline (ms, Redis clock) of the consumers reading ``stream``."""
     return f"{hash_tag(stream)}:consumers"

@@ -1,4 +1,6 @@
 """Consumer-group setup: idempotent, and never destructive."""
+import logging
+
 import redis
 
 from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
@@ -6,6 +8,8 @@ from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.entry_ids import id_key
 from streams_app.exceptions import StreamTypeError
+
+logger = logging.getLogger("streams_app.consumer")
 
 
 def ensure_group(conn, stream, group, start="0"):
@@ -20,6 +24,7 @@ def ensure_group(conn, stream, group, start="0"):
         conn.xgroup_create(stream, group, id=start, mkstream=True)
     except redis.ResponseError as exc:
         if is_busygroup(exc):
+            _remember(conn, stream, group)  # groups made before Shoal kept the set, once per start
             return False
         if is_oom(exc) and group_exists(conn, stream, group):
             return False
@@ -31,6 +36,8 @@ def ensure_group(conn, stream, group, start="0"):
                 f"the key yourself."
             ) from None
         raise
+    if not _remember(conn, stream, group):
+        _settle_recreated(conn, stream, group, start)
     # Failures end in the dead-letter key: of another type, the first dead-lettering would crash the
     # read loop long after the start. Found here, the start fails as for the stream key (exit 3).
     dead_letters = keys.dead_letter_key(stream)
@@ -44,6 +51,37 @@ def ensure_group(conn, stream, group, start="0"):
 
 
 LOST_GROUP_OUTCOMES = {"created": "recreated", "advanced": "moved forward", "kept": "already recreated; kept"}
+
+
+def _remember(conn, stream, group):
+    """Add ``group`` to the stream's set of groups; False when it was there already (the group was lost)."""
+    try:
+        return bool(conn.sadd(keys.groups_key(stream), group))
+    except redis.ResponseError as exc:
+        if is_oom(exc):  # at maxmemory: nothing is known, nothing is settled
+            return True
+        raise
+
+
+def _settle_recreated(conn, stream, group, start):
+    """A starting consumer just made a group that existed before: lost under consumers that may still
+    run (busy ones learn of a loss only at their keep-alive or next read). Its settling marker makes
+    every read while it lives be taken back, and makes those consumers move the group forward to what
+    they read and put back what they hold (see recreate_group.lua), as if one of them had recreated it;
+    without it they would not notice, and the entries they had read would be delivered again."""
+    from streams_app.consuming.loop import lost_group_settle_seconds  # the loop module imports this one
+
+    if not conn.xlen(stream):
+        return
+    settle_ms = int(lost_group_settle_seconds() * 1000)
+    try:
+        conn.set(keys.settling_key(stream, group), "0-0", px=settle_ms, nx=True)
+    except redis.ResponseError as exc:
+        if not is_oom(exc):
+            raise
+    logger.warning("Group %s on %s was created at %s but existed before (lost: XGROUP DESTROY or DEL of the stream); "
+                   "reads are held for %.1f s so that consumers still running move it to what they read",
+                   group, stream, start, settle_ms / 1000)
 
 
 def recreate_lost_group(conn, stream, group, last_read_id, start, settle_ms=0):

@@ -64,6 +64,17 @@ LOST_GROUP_SETTLE = 1
 REFUSED_RETRY_SECONDS = 1.0
 
 
+def lost_group_settle_seconds(pending_timeout_ms=None, block_ms=None):
+    """How long a lost group settles: every live consumer of it finds it gone within one keep-alive
+    (busy) or one read (idle). Settings' values unless given."""
+    if pending_timeout_ms is None or block_ms is None:
+        from streams_app.conf import get_settings
+
+        config = get_settings()
+        pending_timeout_ms, block_ms = config["PENDING_TIMEOUT_MS"], config["BLOCK_MS"]
+    return LOST_GROUP_SETTLE * (pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION + block_ms / 1000) + 1.0
+
+
 _str = to_text
 
 
@@ -109,7 +120,7 @@ class GroupLoop:
         self.lost = False  # the group vanished while consuming: recreate it with _recreate, not at start
         self.read_after = 0.0  # a recreated group is not read before then (see _recreate)
         self.settling = settling_key(self.stream, self.group)
-        self.settle_seconds = LOST_GROUP_SETTLE * (self.keep_alive_every + self.block_ms / 1000) + 1.0
+        self.settle_seconds = lost_group_settle_seconds(self.pending_timeout_ms, self.block_ms)
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1

@@ -5,6 +5,7 @@ import pytest
 
 from streams_app import publish, publish_many
 from streams_app.connection import get_connection, node_client
+from streams_app.consuming.groups import ensure_group
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
 
@@ -178,14 +179,37 @@ def test_a_consumer_too_busy_to_read_notices_at_its_keep_alive_that_another_recr
     wait_for(lambda: other.step() or redis.exists(other.settling), timeout=10, what="the group recreated by the other")
     assert redis.xinfo_groups("jobs")[0]["last-delivered-id"] == "0-0"
 
-    def moved_and_held():
-        busy.step()
-        [group] = redis.xinfo_groups("jobs")
-        held = {row["message_id"] for row in redis.xpending_range("jobs", "a", "-", "+", 10, consumername="busy")}
-        return group["last-delivered-id"] == ids[-1] and held == set(ids)
-
-    wait_for(moved_and_held, timeout=6, what="the busy consumer to move the group to what it read")
+    wait_for(lambda: moved_and_held(redis, busy, ids), timeout=6, what="the busy consumer to move the group to what it read")
     assert busy.in_flight == set(ids)  # noticed while its handlers still run, not at its next read
+
+
+def moved_and_held(redis, busy, ids):
+    busy.step()
+    [group] = redis.xinfo_groups("jobs")
+    held = {row["message_id"] for row in redis.xpending_range("jobs", "a", "-", "+", 10, consumername="busy")}
+    return group["last-delivered-id"] == ids[-1] and held == set(ids)
+
+
+def test_a_group_a_starting_consumer_recreates_settles_so_that_a_busy_consumer_moves_it_to_what_it_read(
+        redis, make_loop):
+    """Found by a user trial: a consumer started while the group was gone created it at "0" with nothing
+    to tell the busy ones, and the entries they had read were delivered again (in ordered mode, a whole
+    partition re-run out of order). A group the stream had before is now created settling."""
+    ids = [publish("jobs", {"sleep": 8 if n < 2 else 0, "n": n}) for n in range(4)]
+    busy = make_loop("jobs:a", name="busy", threads=2, PENDING_TIMEOUT_MS=400)  # a keep-alive every 0.1 s
+    run_until(busy, lambda: busy.in_flight == set(ids))
+    redis.xgroup_destroy("jobs", "a")
+    assert ensure_group(get_connection(), "jobs", "a", "0")  # what a starting consumer's boot does
+    assert redis.exists(busy.settling)
+    wait_for(lambda: moved_and_held(redis, busy, ids), timeout=6, what="the busy consumer to move the group to what it read")
+    assert busy.in_flight == set(ids)
+
+
+def test_a_new_group_does_not_settle(redis):
+    publish("jobs", {"n": 1})
+    assert ensure_group(get_connection(), "jobs", "a", "0")
+    assert not redis.exists("{jobs}:settling:a")
+    assert redis.smembers("{jobs}:groups") == {"a"}
 
 
 def test_a_lost_group_with_a_retry_scheduled_is_recreated_not_a_crash(redis, make_loop):
