@@ -105,13 +105,7 @@ def recreate_lost_group(conn, stream, group, last_read_id, start, settle_ms=0):
 
 
 def group_exists(conn, stream, group):
-    try:
-        groups = conn.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if is_wrongtype(exc):
-            raise
-        return False  # no such key
-    return group in {to_text(g["name"]) for g in groups}
+    return delivered_id(conn, stream, group) is not None  # every group has one ("0-0" when new)
 
 
 def delivered_id(conn, stream, group):
