@@ -15,6 +15,11 @@ from django.template.response import TemplateResponse
 
 from shoal_common.connections import TRANSIENT_ERRORS
 
+try:  # Django 6.1: actions may also show on the change form
+    from django.contrib.admin import ActionLocation
+except ImportError:  # Django 5.2
+    ActionLocation = None
+
 CONFIRM_TEMPLATE = "admin/shoal/confirm_action.html"
 
 
@@ -95,8 +100,20 @@ class MirrorAdmin:
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    # Django's delete_selected would delete the copies, not what is in Redis. Django 6.1 passes
+    # action_location (and warns about an override without it); 5.2 has no such parameter.
+    if ActionLocation is None:
+
+        def get_actions(self, request):
+            return self._without_delete_selected(super().get_actions(request))
+
+    else:
+
+        def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
+            return self._without_delete_selected(super().get_actions(request, action_location=action_location))
+
+    @staticmethod
+    def _without_delete_selected(actions):
         actions.pop("delete_selected", None)
         return actions
 

@@ -72,7 +72,21 @@ def bad_flags_exit_config(parser):
     return parser
 
 
-class DaemonCommand(BaseCommand):
+class ShoalCommand(BaseCommand):
+    """A Shoal command: its system checks leave the databases alone, on every supported Django.
+
+    Django 6.1 hands the model checks every database unless told otherwise, and a JSONField's check
+    then connects (5.2 did not). Shoal's commands need no database to start (a consumer whose handlers
+    write nothing, publish, replay, discovery), and its daemons ride out a database outage; a check
+    that connects would turn a database that is down, or not there at all, into a traceback at start.
+    ``manage.py check --database default`` still runs the database checks.
+    """
+
+    def check(self, *args, databases=None, **kwargs):
+        return super().check(*args, databases=[] if databases is None else databases, **kwargs)
+
+
+class DaemonCommand(ShoalCommand):
     """A long-running command (runconsumer, runreclaimer, runrelay): failing system checks are
     configuration errors, exit 3, so a service manager does not restart it in a loop."""
 

@@ -142,28 +142,28 @@ def test_max_payload_bytes_bounds_key_and_headers_too(redis, settings):
 
 def test_nan_and_infinity_in_float_settings_fail_the_check(settings):
     settings.STREAMS = {"RECLAIM_INTERVAL": float("nan"), "CONSUMER_TTL": float("inf"), "BLOCK_MS": 100}
-    errors = {(e.id, e.msg) for e in run_checks()}
+    errors = {(e.id, e.msg) for e in run_checks(databases=[])}
     assert ("streams_app.E003", "STREAMS['RECLAIM_INTERVAL'] must be a positive number, not nan.") in errors
     assert ("streams_app.E003", "STREAMS['CONSUMER_TTL'] must be a positive number, not inf.") in errors
     settings.STREAMS = {}
     settings.DISCOVERY = {"TTL": float("nan")}
-    assert any(e.id.startswith("discovery_app.E") and "TTL" in e.msg for e in run_checks())
+    assert any(e.id.startswith("discovery_app.E") and "TTL" in e.msg for e in run_checks(databases=[]))
 
 
 def test_huge_finite_settings_fail_the_check(settings):
     """Finite but beyond what Python's clocks, datetime or Redis take: E003 now, not a crash later."""
     settings.STREAMS = {"SNAPSHOT_RETENTION": 9999999999999999999999, "SNAPSHOT_INTERVAL": 1e300,
                         "PENDING_TIMEOUT_MS": 10**20, "BATCH_SIZE": 2**60, "IDEMPOTENCY_TTL": 10**10}
-    errors = {e.msg.split("]")[0] + "]": e for e in run_checks() if e.id == "streams_app.E003"}
+    errors = {e.msg.split("]")[0] + "]": e for e in run_checks(databases=[]) if e.id == "streams_app.E003"}
     assert sorted(errors) == ["STREAMS['BATCH_SIZE']", "STREAMS['IDEMPOTENCY_TTL']", "STREAMS['PENDING_TIMEOUT_MS']",
                               "STREAMS['SNAPSHOT_INTERVAL']", "STREAMS['SNAPSHOT_RETENTION']"]
     assert "must be at most 1,000,000,000 (about 31 years" in errors["STREAMS['SNAPSHOT_RETENTION']"].msg
     assert "must be at most 1,000,000,000,000" in errors["STREAMS['PENDING_TIMEOUT_MS']"].msg
     settings.STREAMS = {"SNAPSHOT_RETENTION": 10**9, "PENDING_TIMEOUT_MS": 10**12, "SNAPSHOT_INTERVAL": 1e9}
-    assert not [e for e in run_checks() if e.id == "streams_app.E003"]
+    assert not [e for e in run_checks(databases=[]) if e.id == "streams_app.E003"]
     settings.STREAMS = {}
     settings.DISCOVERY = {"TTL": 1e300}
-    assert any(e.id == "discovery_app.E003" and "TTL" in e.msg for e in run_checks())
+    assert any(e.id == "discovery_app.E003" and "TTL" in e.msg for e in run_checks(databases=[]))
 
 
 def test_runreclaimer_with_a_huge_snapshot_retention_exits_3(run_consumer):

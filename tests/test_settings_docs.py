@@ -35,7 +35,7 @@ def test_every_key_is_checked_against_its_kind(settings):
     # The checks come from the same table: a wrong kind for any key is an error naming it.
     checked = [s for s in STREAMS_SETTINGS if s.kind.accepts is not None]
     settings.STREAMS = {s.name: float("nan") if s.kind.name.startswith("positive") else 0 for s in checked}
-    ids = {(e.msg.split("]")[0], e.id) for e in run_checks() if e.id.startswith("streams_app.E")}
+    ids = {(e.msg.split("]")[0], e.id) for e in run_checks(databases=[]) if e.id.startswith("streams_app.E")}
     assert {f"STREAMS[{s.name!r}" for s in checked} == {msg for msg, _ in ids}
     assert ("STREAMS['BROADCAST_CHANNEL'", "streams_app.E020") in ids
 

@@ -1,6 +1,8 @@
 import json as jsonlib
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from shoal_common.cli import ShoalCommand
 
 from discovery_app.conf import setting
 from discovery_app.connection import TRANSIENT_ERRORS
@@ -30,7 +32,7 @@ def describe(instance, server_now, factor):
     }
 
 
-class Command(BaseCommand):
+class Command(ShoalCommand):
     help = ("List the registered services, or the instances of one with their health and heartbeat age; "
             "take an instance out of rotation (--drain) or put it back (--undrain).")
 

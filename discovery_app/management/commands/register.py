@@ -3,9 +3,9 @@ import math
 import queue
 import signal
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from shoal_common.cli import log_level
+from shoal_common.cli import ShoalCommand, log_level
 
 from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registrar import Registrar
@@ -30,7 +30,7 @@ def weight_number(text):
 weight_number.__name__ = "weight (a finite number >= 0)"
 
 
-class Command(BaseCommand):
+class Command(ShoalCommand):
     help = ("Register an instance of SERVICE and heartbeat until SIGTERM/SIGINT, then deregister: "
             "a sidecar for processes that are not Python.")
 

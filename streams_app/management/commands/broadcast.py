@@ -2,14 +2,16 @@ import json
 import time
 import uuid
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from shoal_common.cli import ShoalCommand
 
 from streams_app.broadcast import VALIDATORS, broadcast, handlers_for
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import BroadcastError
 
 
-class Command(BaseCommand):
+class Command(ShoalCommand):
     help = ("Send a broadcast that every listening Shoal process receives (gunicorn workers, consumers). "
             "Built-in types: ping, log_level, discovery.invalidate.")
 

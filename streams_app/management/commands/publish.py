@@ -3,14 +3,16 @@ import sys
 
 import redis
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from shoal_common.cli import ShoalCommand
 
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import PartialPublishError, PartitionConfigError, PublishError
 from streams_app.producer import publish, publish_many
 
 
-class Command(BaseCommand):
+class Command(ShoalCommand):
     help = "Publish a JSON message to a stream, or one message per line of stdin with '-'. Prints the entry ids."
 
     def add_arguments(self, parser):

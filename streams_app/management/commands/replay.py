@@ -1,6 +1,8 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from shoal_common.cli import ShoalCommand
 
 from streams_app.codec import apply_types
 from streams_app.connection import TRANSIENT_ERRORS
@@ -8,7 +10,7 @@ from streams_app.exceptions import StreamsError
 from streams_app.deadletters.replay import JSON_NULL, replay
 
 
-class Command(BaseCommand):
+class Command(ShoalCommand):
     help = "Put dead letters of STREAM back on STREAM for one group only; other groups do not see them again."
 
     def add_arguments(self, parser):
