@@ -5,12 +5,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-requirements
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run dev-env shell test test-fast lint docs deps system-deps bench clean
+.PHONY: run dev-env shell test test-fast test-matrix lint docs deps system-deps bench clean
 
 deps: $(STAMP)
 
-$(STAMP): requirements.txt
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is needed (Shoal targets Python 3.11)"; exit 1; }
+$(STAMP): requirements.txt requirements/base.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is needed (the reference combination: Python 3.11, Django 5.2 LTS)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
@@ -20,13 +20,21 @@ system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
-# `make test`: lint, then the whole suite. `make test-fast`: everything but the tests marked `slow`
-# (several real processes each: gunicorn, supervisors, the chaos run, a browser); see pytest.ini.
+# `make test`: lint, the whole suite on the reference combination (Python 3.11, Django 5.2 LTS), then the
+# version matrix (noxfile.py: Python 3.13 + Django 6.1, 3.12 + 5.2, 3.12 + 6.0, each in its own .nox/ venv).
+# `make test-fast`: everything but the tests marked `slow` (several real processes each: gunicorn,
+# supervisors, the chaos run, a browser), on the reference combination only; see pytest.ini.
 test: deps system-deps lint
-	$(VENV)/bin/pytest
+	@start=$$(date +%s); $(VENV)/bin/pytest; status=$$?; \
+	  echo "make test: the reference suite took $$(( $$(date +%s) - start )) s"; exit $$status
+	@$(MAKE) --no-print-directory test-matrix
 
 test-fast: deps system-deps lint
 	$(VENV)/bin/pytest -m "not slow"
+
+test-matrix: deps system-deps
+	@start=$$(date +%s); $(VENV)/bin/nox; status=$$?; \
+	  echo "make test-matrix: the version matrix took $$(( $$(date +%s) - start )) s"; exit $$status
 
 lint: deps
 	$(VENV)/bin/ruff check .
@@ -55,4 +63,4 @@ bench: deps system-deps
 	$(PY) bench/http_bench.py
 
 clean:
-	rm -rf $(VENV) var/run
+	rm -rf $(VENV) .nox var/run

@@ -22,6 +22,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+import django
 import pytest
 
 from tests.redis_server import RedisServer, free_port
@@ -31,6 +32,9 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?P<body>.*?)```", re.S)
 PACKAGES = ("streams_app", "discovery_app", "shoal_common")
+
+# The version matrix (noxfile.py) runs these on every supported Python and Django, beside the tests not marked slow.
+pytestmark = pytest.mark.install
 
 CONSUMERS = '''
 import http.client
@@ -53,8 +57,13 @@ def audit(message):
     raise ValueError("the audit service is down")
 '''
 
+# The control room's own pages beside each model's list and change pages: True for those under a row.
+EXTRA_VIEWS = {"streams_app_consumergroup_pending": True, "streams_app_consumergroup_replay_all": True,
+               "streams_app_deadletter_replay": True, "streams_app_stream_logical": False,
+               "streams_app_consumergroup_logical_pending": False, "streams_app_consumergroup_find": False}
+
 # Run with the venv's python inside the host project: what the host sees, through its own urls.
-PROBE = '''
+PROBE = f"EXTRA_VIEWS = {EXTRA_VIEWS!r}\n" + '''
 import importlib.util, json, os, sys
 import django
 
@@ -71,11 +80,28 @@ setup_test_environment()  # ALLOWED_HOSTS takes the test client's "testserver"; 
 admin = User.objects.create_superuser("admin", "admin@example.com", "pw")
 client = Client()
 client.force_login(admin)
-pages = {path: client.get(path) for path in (
-    "/admin/streams_app/stream/", "/admin/streams_app/consumergroup/", "/admin/streams_app/deadletter/",
-    "/healthz", "/readyz", "/metrics")}
+
+# Every page of the control room: each Shoal model's list, each row's page and history, and the pages
+# the admins add under get_urls() (the pending entries, a replay with an edited payload, ...).
+from django.contrib import admin as django_admin
+from django.urls import reverse
+
+paths = ["/admin/", "/healthz", "/readyz", "/metrics"]
+for model in django_admin.site._registry:
+    meta = model._meta
+    if meta.app_label not in ("streams_app", "discovery_app"):
+        continue
+    name = f"admin:{meta.app_label}_{meta.model_name}"
+    paths.append(reverse(f"{name}_changelist"))
+    for row in model._default_manager.all()[:1]:
+        paths += [reverse(f"{name}_change", args=[row.pk]), reverse(f"{name}_history", args=[row.pk])]
+        paths += [reverse(f"{name}_{extra}", args=[row.pk]) for extra in ("pending", "replay_all", "replay")
+                  if f"{meta.app_label}_{meta.model_name}_{extra}" in EXTRA_VIEWS]
+paths += [reverse(f"admin:{name}") for name in EXTRA_VIEWS if not EXTRA_VIEWS[name]]
+pages = {path: client.get(path) for path in paths}
 print(json.dumps({
     "status": {path: r.status_code for path, r in pages.items()},
+    "django": django.get_version(),
     "dead_letters_page": pages["/admin/streams_app/deadletter/"].content.decode(),
     "groups_page": pages["/admin/streams_app/consumergroup/"].content.decode(),
     "healthz": pages["/healthz"].content.decode(),
@@ -131,7 +157,7 @@ def assert_wheel_contents(wheel):
                      *(f"{package}/py.typed" for package in PACKAGES)):
         assert expected in names, expected
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "Requires-Dist: Django<6.0,>=5.2" in metadata or "Requires-Dist: django<6.0,>=5.2" in metadata.lower()
+    assert "requires-dist: django<6.2,>=5.2" in metadata.lower()
 
 
 def host_env(venv, redis_url, out):
@@ -154,8 +180,6 @@ def make_host_project(site, venv, env):
         f.write('\nINSTALLED_APPS += ["shop"]\n')
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
 def web_tier(site, venv, env, manage):
     """gunicorn with the packaged config, as the README says: it serves and registers in discovery."""
     port = free_port()
@@ -199,6 +223,7 @@ def get(port, path):
         conn.close()
 
 
+@pytest.mark.timeout(1200)
 def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     wheel = build_wheel(tmp_path)
     assert_wheel_contents(wheel)
@@ -207,7 +232,9 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     run([sys.executable, "-m", "venv", str(venv)])
     python = str(venv / "bin" / "python")
     env = host_env(venv, "redis://unused", tmp_path)
-    run([python, "-m", "pip", "install", "--quiet", f"{wheel}[gunicorn]"], cwd=tmp_path, env=env)
+    # The Django of this test run: the matrix (noxfile.py) proves each supported Django in its own run.
+    run([python, "-m", "pip", "install", "--quiet", f"{wheel}[gunicorn]", f"Django=={django.get_version()}"],
+        cwd=tmp_path, env=env)
 
     server = RedisServer(tmp_path / "redis").start()
     try:
@@ -248,8 +275,15 @@ def test_a_fresh_startproject_runs_shoal_from_the_wheel(tmp_path):
     finally:
         server.stop()
 
-    assert probe["status"] == {"/admin/streams_app/stream/": 200, "/admin/streams_app/consumergroup/": 200,
-                               "/admin/streams_app/deadletter/": 200, "/healthz": 200, "/readyz": 200, "/metrics": 200}
+    assert probe["django"] == django.get_version()
+    assert {path: status for path, status in probe["status"].items() if status != 200} == {}
+    visited = set(probe["status"])
+    for path in ("/admin/", "/admin/streams_app/stream/", "/admin/streams_app/consumergroup/",
+                 "/admin/streams_app/deadletter/", "/admin/streams_app/outboxmessage/", "/admin/streams_app/replayjob/",
+                 "/admin/discovery_app/serviceinstance/", "/admin/streams_app/consumergroup/find/"):
+        assert path in visited, path
+    for page in ("/pending/", "/replay/", "/replay-dead-letters/", "/history/"):
+        assert any(path.endswith(page) for path in visited), page
     assert probe["healthz"] == "ok\n"
     assert "the audit service is down" in probe["dead_letters_page"]  # the audit group's dead letter, mirrored from Redis
     assert "shipping" in probe["groups_page"] and "audit" in probe["groups_page"]

@@ -81,9 +81,10 @@ def clone(tmp_path):
     venv = Path(sys.prefix)
     (target / ".venv").symlink_to(venv)
     stamp = venv / ".installed-requirements"
-    if stamp.exists():  # the clone's requirements.txt is as new as the clone: not a reason to reinstall
+    if stamp.exists():  # the clone's requirements files are as new as the clone: not a reason to reinstall
         older = stamp.stat().st_mtime - 60
-        os.utime(target / "requirements.txt", (older, older))
+        for requirements in (target / "requirements.txt", *(target / "requirements").glob("*.txt")):
+            os.utime(requirements, (older, older))
     return target
 
 
