@@ -140,6 +140,13 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
+    # First: a worker whose application cannot answer (a view that cannot be imported, a setting the
+    # system checks refuse, a request that fails) must never say it is ready. Raising here fails its
+    # boot, so a HUP leaves the old workers serving and a first start halts. Django's stock wsgi.py
+    # loads no URLconf: without this, such a deploy was rolled out and every page was a 500.
+    from streams_app.app_check import verify
+
+    verify(worker.wsgi)
     try:
         from streams_app.broadcast import start_listener
 

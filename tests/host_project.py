@@ -10,8 +10,10 @@ import http.client
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -99,3 +101,38 @@ def get(port, path):
         return response.status, response.read().decode()
     finally:
         conn.close()
+
+
+class HostGunicorn:
+    """The host's gunicorn started as the README says (``gunicorn -c python:streams_app.gunicorn_conf
+    host.wsgi``; ``config=None``: plain ``gunicorn host.wsgi``), from the site's directory, with the
+    venv's gunicorn and nothing of this checkout on its path. Output is collected as it comes."""
+
+    def __init__(self, site, venv, env, *, port, workers=2, config="python:streams_app.gunicorn_conf"):
+        self.port = port
+        args = [str(venv / "bin" / "gunicorn"), *(["-c", config] if config else []), "--bind", f"127.0.0.1:{port}",
+                "host.wsgi"]
+        self.lines = []
+        self.proc = subprocess.Popen(args, cwd=site, env={**env, "WEB_CONCURRENCY": str(workers)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def output(self):
+        return "".join(self.lines)
+
+    def answers(self, path="/healthz"):
+        """The status of ``path`` once the server answers, None while it does not (yet)."""
+        assert self.proc.poll() is None, f"gunicorn exited {self.proc.returncode}:\n{self.output()}"
+        try:
+            return get(self.port, path)[0]
+        except OSError:
+            return None
+
+    def stop(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
