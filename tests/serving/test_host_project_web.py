@@ -8,6 +8,7 @@ request) must leave the old code serving on HUP and halt a first start, because 
 checks the app before a worker says it is ready; and /readyz must fail while the application cannot
 answer, also with HealthCheckMiddleware first and under a server that is not Shoal's.
 """
+import json
 import re
 import signal
 import subprocess
@@ -115,7 +116,8 @@ def test_a_deploy_that_cannot_load_leaves_the_old_code_serving_in_a_host_project
                  what="100 requests after the aborted rollouts")
         for path in ("/admin/login/", "/healthz", "/metrics"):
             assert get(server.port, path)[0] == 200, path
-        assert get(server.port, "/readyz")[0] == 200
+        status, body = get(server.port, "/readyz")
+        assert status == 200 and json.loads(body)["checks"]["application"] == "ok", body
 
         # Fixed: the next HUP rolls forward.
         settings.write_text(original_settings)
@@ -147,3 +149,23 @@ def test_a_first_start_with_code_that_cannot_load_halts_with_exit_3(site, server
         assert returncode == 3, f"attempt {attempt}: exit {returncode}\n{output[-4000:]}"
         assert "a_module_nobody_installed" in output and "No worker could load the application" in output, output
         assert "Exception in on_exit" not in output and "FileNotFoundError" not in output, output
+
+
+def test_readyz_fails_while_the_application_cannot_load_with_the_middleware_first(site, servers):
+    # docs/install.md: HealthCheckMiddleware first in MIDDLEWARE. Served by a plain `gunicorn host.wsgi`
+    # (any WSGI server): nothing checked the app at boot, every page is a 500, and /readyz must say so.
+    site, venv, env = site
+    with open(site / "host" / "settings.py", "a") as f:
+        f.write('\nMIDDLEWARE = ["streams_app.health.HealthCheckMiddleware", *MIDDLEWARE]\n')
+    (site / "shop" / "views.py").write_text(BROKEN_VIEWS)
+    server = HostGunicorn(site, venv, env, port=free_port(), workers=1, config=None)
+    servers.append(server)
+    assert wait_for(lambda: server.answers("/healthz"), timeout=120, what="plain gunicorn answering") == 200
+    assert get(server.port, "/shop/")[0] == 500
+    status, body = get(server.port, "/readyz")
+    assert status == 503, body
+    body = json.loads(body)
+    assert body["status"] == "unavailable" and body["failing"] == ["application"], body
+    assert body["checks"] == {"redis": "ok", "database": "ok", "application": "cannot load"}, body
+    assert "a_module_nobody_installed" not in json.dumps(body)  # the cause goes to the log, not to probes
+    assert "a_module_nobody_installed" in server.output()
