@@ -674,6 +674,11 @@ class DiscoveryClient:
         previous = self._degraded.get(service)
         if previous == state:
             return
+        if state is None and self._failures:
+            # A cached answer while the registry still fails (another thread's refresh was under way):
+            # the outage goes on. Only a successful refresh ends it; else every back-off retry of every
+            # thread logged the outage again.
+            return
         if state is None:
             self._degraded.pop(service, None)
             logger.info("Discovery: %s is back to normal (was %s)", service, previous)
