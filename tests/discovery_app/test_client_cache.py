@@ -120,6 +120,39 @@ def test_the_stale_warning_is_logged_once_per_outage_by_threads_retrying_it(redi
     assert len([r for r in caplog.records if "back to normal" in r.getMessage()]) == 1
 
 
+def test_with_redis_down_at_start_the_listening_client_uses_its_fallbacks_and_listens_once_redis_is_up(
+        redis_factory, use_redis, client_factory, http_service, caplog):
+    # A user trial: with LISTEN on (the default), starting the change listener raised redis's raw
+    # ConnectionError from resolve(), resolve_url() and request(); the FALLBACKS were never used.
+    fallback = http_service("fallback")
+    server = redis_factory()
+    use_redis(server)
+    server.stop()
+    client = client_factory(fallbacks={"billing": [f"http://127.0.0.1:{fallback.port}"]})
+    assert client.listen
+    assert client.resolve_url("billing") == f"http://127.0.0.1:{fallback.port}"
+    assert client.request("billing", "POST", "/invoices").text == "fallback /invoices"
+    with pytest.raises(ServiceNotAvailable, match="registry is unreachable") as err:
+        client.resolve("shipping")
+    assert err.value.reason == ServiceNotAvailable.REGISTRY_UNREACHABLE
+    # Redis back: the listener starts with the next call after the back-off, and events flow again.
+    server.start()
+    instance = ServiceRegistry().register("shipping", "h", 1)
+    wait_for(lambda: _resolves(client, "shipping") == instance.instance_id, timeout=15,
+             what="the registry read again after the back-off")
+    assert client.wait_listening(timeout=10)
+    second = ServiceRegistry().register("shipping", "h", 2)
+    wait_for(lambda: len(client.instances("shipping")) == 2, timeout=10, what="a registration event")
+    assert second.instance_id in ids(client.instances("shipping"))
+
+
+def _resolves(client, service):
+    try:
+        return client.resolve(service).instance_id
+    except ServiceNotAvailable:
+        return None
+
+
 def test_client_recovers_when_redis_comes_back(redis_factory, use_redis, client_factory, caplog):
     server = redis_factory()
     use_redis(server)
