@@ -124,7 +124,11 @@ def _deregister_first_on(server, supervisor, signals):
 def on_exit(server):
     supervisor = getattr(server, "shoal_registration", None)
     if supervisor is not None:
-        supervisor.stop()  # EOF: the registration process deregisters (if it has not) and exits
+        try:
+            supervisor.stop()  # EOF: the registration process deregisters (if it has not) and exits
+        except Exception:
+            # The master is exiting with its own code (3 after a boot error): an exception here made it 1.
+            server.log.exception("Discovery registration: stopping the registration process failed")
 
 
 def post_fork(server, worker):
