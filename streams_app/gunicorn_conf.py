@@ -48,7 +48,9 @@ workers = web_concurrency()
 # connections are held by the poller, not by a thread. No monkey-patching (gevent would change how
 # redis-py blocks and how the consumer and registrar threads behave), and one stuck request does not
 # stall a whole worker the way the sync worker's single thread would.
-worker_class = "gthread"
+# gthread, closing its listening sockets as soon as it drains: new connections are refused (clients retry
+# elsewhere) instead of queued for a worker that will not accept them and reset when it exits.
+worker_class = "shoal_common.web_worker.ThreadWorker"
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))
 keepalive = 5
 timeout = 30
