@@ -6,7 +6,6 @@ The venv gets the wheel and its dependencies from the package index pip is confi
 ``make deps`` does); nothing of this checkout is on its path (commands run from a temporary
 directory, without PYTHONPATH).
 """
-import http.client
 import os
 import re
 import shutil
@@ -16,16 +15,19 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.serving.gunicorn_process import get
+
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?P<body>.*?)```", re.S)
 PACKAGES = ("streams_app", "discovery_app", "shoal_common")
 
 CONSUMERS = '''
-import http.client
 import json
 import os
 from pathlib import Path
+
+from tests.serving.gunicorn_process import get
 
 from streams_app import consumer
 
@@ -91,16 +93,6 @@ def make_host_project(site, venv, env):
     (site / "shop" / "consumers.py").write_text(CONSUMERS)
     with open(site / "host" / "settings.py", "a") as f:
         f.write('\nINSTALLED_APPS += ["shop"]\n')
-
-
-def get(port, path):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
 
 
 class HostGunicorn:
