@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import django
 import pytest
 
 from tests.host_project import HostGunicorn, build_wheel, get, host_env, make_host_project, run
@@ -44,8 +45,9 @@ def venv(tmp_path_factory):
     wheel = build_wheel(tmp)
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", str(venv)])
-    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[gunicorn]"], cwd=tmp,
-        env=host_env(venv, "redis://unused", tmp))
+    # The Django of this test run, as tests/test_host_project.py does (each supported Django in its own run).
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[gunicorn]",
+         f"Django=={django.get_version()}"], cwd=tmp, env=host_env(venv, "redis://unused", tmp))
     return venv
 
 
