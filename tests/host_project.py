@@ -23,11 +23,10 @@ HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?
 PACKAGES = ("streams_app", "discovery_app", "shoal_common")
 
 CONSUMERS = '''
+import http.client
 import json
 import os
 from pathlib import Path
-
-from tests.serving.gunicorn_process import get
 
 from streams_app import consumer
 
