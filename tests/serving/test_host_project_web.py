@@ -163,8 +163,9 @@ def test_readyz_fails_while_the_application_cannot_load_with_the_middleware_firs
     server = HostGunicorn(site, venv, env, port=free_port(), workers=1, config=None)
     servers.append(server)
     assert wait_for(lambda: server.answers("/healthz"), timeout=120, what="plain gunicorn answering") == 200
-    assert get(server.port, "/shop/")[0] == 500
-    status, body = get(server.port, "/readyz")
+    # A sync worker, and Django's debug page for the 500: slow on a loaded machine.
+    assert get(server.port, "/shop/", timeout=60)[0] == 500
+    status, body = get(server.port, "/readyz", timeout=60)
     assert status == 503, body
     body = json.loads(body)
     assert body["status"] == "unavailable" and body["failing"] == ["application"], body
