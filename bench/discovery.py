@@ -1,9 +1,11 @@
 """Service discovery figures, on a private redis-server.
 
-    .venv/bin/python bench/discovery.py [--resolves 200000] [--repeat 50]
+    .venv/bin/python bench/discovery.py [--resolves 200000] [--repeat 50] [--weights equal|unequal|both]
+                                        [--sections abcde]
 
 (a) DiscoveryClient.resolve() per second from the local cache, one thread, for each strategy
-    (10 / 1,000 / 10,000 healthy instances, change-event listener on as in production);
+    (10 / 1,000 / 10,000 healthy instances, change-event listener on as in production), with every
+    weight 1 and with unequal weights (1 to 4: round-robin's weighted schedule, the others' weighted draws);
 (b) ServiceRegistry.instances() latency (one Lua round trip that prunes and reads every record)
     with 10 / 1,000 / 10,000 registered instances;
 (c) asyncio: aresolve() per second from the cache (on the loop), and request() calls per second to
@@ -23,24 +25,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from common import setup_django, start_redis
 
 
-def register_many(registry, service, count):
+def register_many(registry, service, count, weight=lambda n: 1):
     for start in range(0, count, 500):
         pipe = registry.connection.pipeline(transaction=False)
         for n in range(start, min(count, start + 500)):
-            registry.register(service, "10.0.0.1", 10000 + n % 50000, {"zone": "a", "weight": 1},
+            registry.register(service, "10.0.0.1", 10000 + n % 50000, {"zone": "a", "weight": weight(n)},
                               instance_id=f"{service}-{n}", pipeline=pipe)
         pipe.execute()
 
 
-def bench_resolve(count):
+WEIGHTS = {"equal": lambda n: 1, "unequal": lambda n: 1 + n % 4}
+
+
+def bench_resolve(count, weights="equal"):
     from discovery_app.balancers import STRATEGIES
     from discovery_app.client import DiscoveryClient
     from discovery_app.registry import ServiceRegistry
 
     registry = ServiceRegistry(ttl=3600)
     for size in (10, 1_000, 10_000):
-        service = f"resolve-bench-{size}"
-        register_many(registry, service, size)
+        service = f"resolve-bench-{weights}-{size}"
+        register_many(registry, service, size, WEIGHTS[weights])
         for name in STRATEGIES:
             client = DiscoveryClient(strategy=name, cache_ttl=3600)
             client.wait_listening()
@@ -50,8 +55,8 @@ def bench_resolve(count):
             for _ in range(calls):
                 client.resolve(service)
             elapsed = time.perf_counter() - start
-            print(f"(a) resolve() from cache, {size:>6,} instances, {name:<22} {calls / elapsed:>10,.0f} calls/s  "
-                  f"({elapsed * 1e6 / calls:.1f} us/call)")
+            print(f"(a) resolve() from cache, {size:>6,} instances, {weights} weights, {name:<22} "
+                  f"{calls / elapsed:>10,.0f} calls/s  ({elapsed * 1e6 / calls:.1f} us/call)")
             if name in ("least-connections", "power-of-two-choices"):
                 # What a threaded web worker sees: a few calls of its own in flight.
                 busy = [client.resolve(service) for _ in range(8)]
@@ -61,8 +66,8 @@ def bench_resolve(count):
                 for _ in range(count):
                     client.resolve(service)
                 elapsed = time.perf_counter() - start
-                print(f"(a) resolve() from cache, {size:>6,} instances, {name:<22} {count / elapsed:>10,.0f} calls/s  "
-                      f"({elapsed * 1e6 / count:.1f} us/call) with 8 calls in flight")
+                print(f"(a) resolve() from cache, {size:>6,} instances, {weights} weights, {name:<22} "
+                      f"{count / elapsed:>10,.0f} calls/s  ({elapsed * 1e6 / count:.1f} us/call) with 8 calls in flight")
             client.close()
 
 
@@ -189,6 +194,9 @@ def main():
     parser.add_argument("--resolves", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--weights", choices=("equal", "unequal", "both"), default="both",
+                        help="section (a): every weight 1, weights 1 to 4, or both")
+    parser.add_argument("--sections", default="abcde", help="which sections to run, e.g. a")
     args = parser.parse_args()
     server = start_redis()
     try:
@@ -200,11 +208,17 @@ def main():
         settings.DISCOVERY = {**getattr(settings, "DISCOVERY", {}), "REDIS_TIMEOUT": 10.0}
         logging.getLogger("discovery_app").setLevel(logging.WARNING)
         print(f"private redis-server on port {server.port}")
-        bench_resolve(args.resolves)
-        bench_instances(args.repeat)
-        bench_async(args.resolves // 4, args.calls)
-        bench_change_at_scale()
-        bench_incremental()
+        if "a" in args.sections:
+            for weights in ("equal", "unequal") if args.weights == "both" else (args.weights,):
+                bench_resolve(args.resolves, weights)
+        if "b" in args.sections:
+            bench_instances(args.repeat)
+        if "c" in args.sections:
+            bench_async(args.resolves // 4, args.calls)
+        if "d" in args.sections:
+            bench_change_at_scale()
+        if "e" in args.sections:
+            bench_incremental()
     finally:
         server.stop()
 

@@ -482,9 +482,17 @@ class DiscoveryClient:
             return
         hub = self._hub
         if hub is None or not hub.listener.alive:
+            if self.clock() < self._registry_down_until:
+                return  # the registry is down: tried again with the next refresh, after its back-off
             with self._lock:
                 if self._hub is None or not self._hub.listener.alive:
-                    self._hub = _hub_for(self)
+                    try:
+                        self._hub = _hub_for(self)
+                    except TRANSIENT_ERRORS as exc:
+                        # Joining a hub asks Redis whether it is a cluster. Down, the call goes on as
+                        # without LISTEN (stale answers, FALLBACKS, ServiceNotAvailable naming the
+                        # outage); a raw ConnectionError from here hid all of that.
+                        logger.debug("Discovery: change listener not started (%s); trying again later", exc)
 
     def _reset_after_fork(self):
         self._lock = threading.Lock()
@@ -673,6 +681,11 @@ class DiscoveryClient:
         """Log a degraded state once when it starts, and once when it ends."""
         previous = self._degraded.get(service)
         if previous == state:
+            return
+        if state is None and self._failures:
+            # A cached answer while the registry still fails (another thread's refresh was under way):
+            # the outage goes on. Only a successful refresh ends it; else every back-off retry of every
+            # thread logged the outage again.
             return
         if state is None:
             self._degraded.pop(service, None)

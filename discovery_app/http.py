@@ -5,7 +5,8 @@ with ``stream=True``), feeds the instance's breaker (connection errors, timeouts
 and 429 are failures; other 4xx and the caller's own errors, such as an invalid header, are not),
 and retries an idempotent method once on another instance after a connection error, a 5xx or 429,
 or (by default, see RETRY_READ_TIMEOUTS) a read timeout. A non-idempotent call is never sent twice: the first instance
-may have acted on it.
+may have acted on it; one whose connection could not be made (refused, as by a draining instance) was
+not sent at all, and goes to another instance.
 
 Calls are stateless: cookies a response sets are not kept for later calls. A thread serves many end
 users in turn, and one user's downstream session cookie must never ride along with another user's
@@ -97,6 +98,14 @@ def _read_body(response, deadline):
     response._content_consumed = True
 
 
+def _never_sent(exc):
+    """Did the call fail before any byte of the request left (refused, unreachable, connect timeout)?"""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None  # urllib3's MaxRetryError
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
 def _timeout_for(timeout, deadline):
     if deadline is None:
         return timeout
@@ -126,7 +135,10 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
     stream = kwargs.pop("stream", False)
     deadline = client.http_deadline if deadline is None else deadline
     ends = None if deadline is None else time.monotonic() + deadline
-    attempts = 2 if (method in IDEMPOTENT_METHODS if retry is None else retry) else 1
+    resend = method in IDEMPOTENT_METHODS if retry is None else retry
+    # A connection that could not be made sent nothing: even a POST goes to another instance then (a
+    # stopping instance refuses connections at once), unless retry=False says never.
+    attempts = 2 if resend or retry is None else 1
     tried = set()
     for attempt in range(1, attempts + 1):
         instance = client.resolve(service, exclude=tried, tags=tags, version=version)
@@ -141,7 +153,8 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
         except RETRYABLE_ERRORS as exc:
             call.finish(False)
             if last or isinstance(exc, DeadlineExceeded) or (
-                    isinstance(exc, requests.ReadTimeout) and not client.retry_read_timeouts):
+                    isinstance(exc, requests.ReadTimeout) and not client.retry_read_timeouts) or (
+                    not resend and not _never_sent(exc)):
                 raise
             logger.info("Discovery: %s %s on %s failed (%s); retrying on another instance",
                         method, path, instance.url, exc)
@@ -151,7 +164,7 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
             raise
         if response.status_code >= 500 or response.status_code == 429:
             call.fail()
-            if not last:
+            if not last and resend:
                 logger.info("Discovery: %s %s on %s answered %s; retrying on another instance",
                             method, path, instance.url, response.status_code)
                 response.close()

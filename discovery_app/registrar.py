@@ -209,7 +209,13 @@ class Registrar:
                         return
                     if outcome == "reregistered":
                         self._failures, self.failing = 0, False  # the health mark went with the record
-                if self.health_check is not None:
+                    if outcome == "conflict":
+                        # Another live process holds this id's record (the registry says so once): not
+                        # listed meanwhile, and its health is the other's to mark.
+                        self.registered.clear()
+                    else:
+                        self.registered.set()
+                if self.health_check is not None and self.registered.is_set():
                     self._check_health(registry)
                 if failures:
                     logger.info("Discovery: the registry is reachable again; %s is registered", self.instance_id)

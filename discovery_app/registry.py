@@ -70,17 +70,26 @@ end
 """
 
 # KEYS: keys.service_keys (records, deadlines, tombstones, beats, status, changes, log).
-# ARGV: channel, service, id, mode, ttl_ms, tombstone_ms, record, registered_at_ms (0: unknown).
+# ARGV: channel, service, id, mode, ttl_ms, tombstone_ms, record, registered_at_ms (0: unknown), registration.
 # mode "register" writes ARGV[7] and clears a tombstone; "heartbeat" refreshes the beat, or writes
-# ARGV[7] again when the record is gone (expired, flushed) unless the id was deregistered. The record
-# is stored as given and never decoded here: cjson would turn 12345678901234567 into 1.2345678901235e+16
-# and [] into {}. Times live in the beats hash.
+# ARGV[7] again when the record is gone (expired, flushed) unless the id was deregistered. A heartbeat
+# refreshes only its own registration: when the record is another registration's (another live process
+# uses the same id), it returns {'conflict', now, that record} and touches nothing, so the other's record
+# expires once that process stops. The record is stored as given and only decoded to read its
+# registration: cjson would turn 12345678901234567 into 1.2345678901235e+16 and [] into {}. Times live
+# in the beats hash.
 _WRITE = Script(None, (_PRELUDE + """
 local service, id, mode, ttl = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 prune(service)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[6]))
 local registered_at, outcome
 if mode == 'heartbeat' and redis.call('HEXISTS', KEYS[1], id) == 1 then
+  local current = redis.call('HGET', KEYS[1], id)
+  local ok, decoded = pcall(cjson.decode, current)
+  local theirs = ok and type(decoded) == 'table' and decoded['registration']
+  if ARGV[9] ~= '' and type(theirs) == 'string' and theirs ~= '' and theirs ~= ARGV[9] then
+    return {'conflict', now, current}
+  end
   local beat = redis.call('HGET', KEYS[4], id)
   registered_at = (beat and tonumber(string.match(beat, '^(%d+)'))) or now
   outcome = 'alive'
@@ -295,6 +304,7 @@ class ServiceRegistry:
             raise InvalidRegistration(f"ttl must be positive, not {ttl!r}")
         # Records this object registered: enough to re-register one whose key has gone.
         self._owned: dict[str, Instance] = {}
+        self._conflicts: dict[str, str] = {}  # instance id -> the other registration's URL, while reported
 
     @property
     def connection(self):
@@ -316,7 +326,8 @@ class ServiceRegistry:
         instance = replace(build_instance(service, address, port, metadata, instance_id),
                            registration=uuid.uuid4().hex)
         self._owned[instance.instance_id] = instance
-        _, now = self._write(instance, "register", pipeline)
+        self._conflicts.pop(instance.instance_id, None)
+        _, now, _ = self._write(instance, "register", pipeline)
         if now is not None:  # not pipelined: it is done
             instance = replace(instance, registered_at=now, last_heartbeat=now, ttl=self.ttl)
             self._owned[instance.instance_id] = instance
@@ -325,7 +336,8 @@ class ServiceRegistry:
 
     def heartbeat(self, instance_id, pipeline=None):
         """Refresh an instance's TTL. Returns "alive", "reregistered" (its record had gone and was
-        written again) or "deregistered" (an operator removed it: it stays removed).
+        written again), "deregistered" (an operator removed it: it stays removed) or "conflict" (another
+        registration of the same id holds the record: left alone, and reported once).
         With a pipeline, the outcome is in the pipeline's results instead."""
         instance = self._owned.get(instance_id)
         if instance is None:
@@ -333,14 +345,39 @@ class ServiceRegistry:
                 f"instance {instance_id!r} was not registered through this ServiceRegistry; "
                 "call register() first (a heartbeat must be able to re-register the full record)"
             )
-        outcome, _ = self._write(instance, "heartbeat", pipeline)
+        outcome, _, other = self._write(instance, "heartbeat", pipeline)
+        if outcome == "conflict":
+            self._report_conflict(instance, other)
+            return outcome
         if outcome == "reregistered":
-            logger.warning("Discovery: %s of %s had expired or been flushed; registered it again",
-                           instance_id, instance.service)
+            if self._conflicts.pop(instance_id, None) is not None:
+                logger.warning("Discovery: %s of %s: the other process's record of this id expired; this "
+                               "process (%s) is registered again", instance_id, instance.service, instance.url)
+            else:
+                logger.warning("Discovery: %s of %s had expired or been flushed; registered it again",
+                               instance_id, instance.service)
         elif outcome == "deregistered":
             logger.warning("Discovery: %s of %s was deregistered; not registering it again",
                            instance_id, instance.service)
+        elif outcome == "alive":
+            self._conflicts.pop(instance_id, None)
         return outcome
+
+    def _report_conflict(self, instance, other):
+        # Once per episode: heartbeats come every few seconds. Two live processes with one id would
+        # otherwise refresh each other's record for ever (a dead one's port stayed listed) or take it
+        # from each other at every beat.
+        try:
+            found = Instance.from_json(_text(other)).url
+        except (ValueError, KeyError, TypeError):
+            found = "an unreadable record"
+        if self._conflicts.get(instance.instance_id) == found:
+            return
+        self._conflicts[instance.instance_id] = found
+        logger.warning("Discovery: %s of %s is registered by another process (%s): two live processes use this "
+                       "instance id. This one's heartbeats leave that record alone, so it (%s) is not listed while "
+                       "the other lives, and takes over when the other's record expires. Give each process its "
+                       "own instance_id.", instance.instance_id, instance.service, found, instance.url)
 
     def deregister(self, instance_id, pipeline=None, service=None):
         """Remove an instance. ``instance_id`` may be an Instance; ``service`` is needed for an id
@@ -382,13 +419,13 @@ class ServiceRegistry:
             keys=keys.service_keys(instance.service),
             args=[keys.events_channel(), instance.service, instance.instance_id, mode,
                   int(self.ttl * 1000), int(setting("TOMBSTONE_TTL") * 1000), instance.to_json(),
-                  int(instance.registered_at * 1000)],
+                  int(instance.registered_at * 1000), instance.registration],
             client=pipe,
         )
         if pipeline is not None:
-            return None, None
+            return None, None, None
         reply = pipe.execute()[-1]
-        return _text(reply[0]), int(reply[1]) / 1000
+        return _text(reply[0]), int(reply[1]) / 1000, (reply[2] if len(reply) > 2 else None)
 
     # -- readers ---------------------------------------------------------------------------
 

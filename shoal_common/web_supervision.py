@@ -20,6 +20,7 @@ import os
 import queue
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -112,6 +113,8 @@ class RegistrationSupervisor:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)  # its last word ("stopping") comes before this one
         self._write_status("stopped")
 
     def close_in_child(self):
@@ -173,11 +176,25 @@ class RegistrationSupervisor:
         self._write_status("running")
 
     def _write_status(self, state):
+        """Never raises: it runs in the master's exit hook too, where an exception turned a halt's exit
+        code 3 into 1. Two threads write (this supervisor's and the master's), each to a temp file of its
+        own: one name per pid had one thread's rename take the other's file away (FileNotFoundError)."""
         if not self.status_path:
             return
         status = {"state": state, "pid": self.process.pid if self.process else None,
                   "restarts": self.restarts, "since": time.time()}
-        tmp = f"{self.status_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(status, f)
-        os.replace(tmp, self.status_path)  # readers never see half a file
+        tmp = None
+        try:
+            directory, name = os.path.split(self.status_path)
+            fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp", dir=directory or ".")
+            with os.fdopen(fd, "w") as f:
+                json.dump(status, f)
+            os.replace(tmp, self.status_path)  # readers never see half a file
+        except OSError as exc:
+            self.log.warning("Discovery registration: could not write its state to %s (%s); /readyz shows an "
+                             "older one", self.status_path, exc)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass

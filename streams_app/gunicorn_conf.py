@@ -48,7 +48,9 @@ workers = web_concurrency()
 # connections are held by the poller, not by a thread. No monkey-patching (gevent would change how
 # redis-py blocks and how the consumer and registrar threads behave), and one stuck request does not
 # stall a whole worker the way the sync worker's single thread would.
-worker_class = "gthread"
+# gthread, closing its listening sockets as soon as it drains: new connections are refused (clients retry
+# elsewhere) instead of queued for a worker that will not accept them and reset when it exits.
+worker_class = "shoal_common.web_worker.ThreadWorker"
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))
 keepalive = 5
 timeout = 30
@@ -124,7 +126,11 @@ def _deregister_first_on(server, supervisor, signals):
 def on_exit(server):
     supervisor = getattr(server, "shoal_registration", None)
     if supervisor is not None:
-        supervisor.stop()  # EOF: the registration process deregisters (if it has not) and exits
+        try:
+            supervisor.stop()  # EOF: the registration process deregisters (if it has not) and exits
+        except Exception:
+            # The master is exiting with its own code (3 after a boot error): an exception here made it 1.
+            server.log.exception("Discovery registration: stopping the registration process failed")
 
 
 def post_fork(server, worker):
@@ -140,6 +146,13 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
+    # First: a worker whose application cannot answer (a view that cannot be imported, a setting the
+    # system checks refuse, a request that fails) must never say it is ready. Raising here fails its
+    # boot, so a HUP leaves the old workers serving and a first start halts. Django's stock wsgi.py
+    # loads no URLconf: without this, such a deploy was rolled out and every page was a 500.
+    from streams_app.app_check import verify
+
+    verify(worker.wsgi)
     try:
         from streams_app.broadcast import start_listener
 

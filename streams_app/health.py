@@ -1,4 +1,5 @@
-"""``/healthz`` (the process answers: no I/O) and ``/readyz`` (Redis and the database answer in time).
+"""``/healthz`` (the process answers: no I/O) and ``/readyz`` (Redis and the database answer in time, and
+the application's URLconf loads).
 
 Two ways in: ``path("", include("streams_app.urls"))`` (simplest), or the middleware
 ``streams_app.health.HealthCheckMiddleware`` at the top of MIDDLEWARE (what project/ does), which answers
@@ -75,7 +76,15 @@ def check_database(timeout):
         connection.close()
 
 
-CHECKS = {"redis": check_redis, "database": check_database}
+def check_application(timeout):
+    # The application answers only if its URLconf loads: with HealthCheckMiddleware first, a view that
+    # cannot be imported left /readyz at 200 while every other page was a 500.
+    from streams_app.app_check import load_urlconf
+
+    load_urlconf()
+
+
+CHECKS = {"redis": check_redis, "database": check_database, "application": check_application}
 
 logger = logging.getLogger("project.health")
 _last_error = {}  # check name -> the last error logged for it, in this process
@@ -94,6 +103,10 @@ def short_reason(exc):
         return "cannot connect"
     if isinstance(exc, ClusterNotOk):
         return "cluster not ok"
+    from streams_app.app_check import ApplicationCannotLoad
+
+    if isinstance(exc, ApplicationCannotLoad):
+        return "cannot load"
     return "failed"
 
 

@@ -9,53 +9,26 @@ there and the apps come from the venv's site-packages. runconsumer runs as a sup
 workers: they are started as ``python -m streams_app.supervisor.worker_main`` and must find the host's
 settings and consumers.py too.
 """
-import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import zipfile
-from pathlib import Path
 
 import django
 import pytest
 
+from tests.host_project import PACKAGES, ROOT, build_wheel, get, host_env, make_host_project, readme_blocks, run
 from tests.redis_server import RedisServer, free_port
 from tests.waiting import wait_for
 
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST_BLOCK = re.compile(r"<!-- host-project: (?P<file>[\w.]+) -->\n```python\n(?P<body>.*?)```", re.S)
-PACKAGES = ("streams_app", "discovery_app", "shoal_common")
-
 # The version matrix (noxfile.py) runs these on every supported Python and Django, beside the tests not marked slow.
 pytestmark = pytest.mark.install
-
-CONSUMERS = '''
-import http.client
-import json
-import os
-from pathlib import Path
-
-from streams_app import consumer
-
-OUT = Path(os.environ.get("SHOP_OUT", "."))
-
-
-@consumer("orders", group="shipping")
-def ship(message):
-    (OUT / f"shipped-{message.payload['order_id']}.json").write_text(json.dumps(message.payload))
-
-
-@consumer("orders", group="audit", max_deliveries=1)
-def audit(message):
-    raise ValueError("the audit service is down")
-'''
 
 # The control room's own pages beside each model's list and change pages: True for those under a row.
 # The logical-stream pages need a partitioned stream, which this host has not: tests/streams_app/admin/
@@ -114,38 +87,8 @@ print(json.dumps({
 '''
 
 
-def readme_blocks():
-    return {m["file"]: m["body"] for m in HOST_BLOCK.finditer((ROOT / "README.md").read_text())}
-
-
 def test_the_readme_has_the_host_project_blocks():
     assert set(readme_blocks()) == {"settings.py", "urls.py"}
-
-
-def checkout_copy(dest):
-    """The checkout's files as git sees them (tracked, and new ones not ignored): no .venv, var/, build/."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
-
-
-def run(args, **kwargs):
-    out = subprocess.run(args, capture_output=True, text=True, **{"timeout": 600, **kwargs})
-    assert out.returncode == 0, f"{args} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
-    return out.stdout
-
-
-def build_wheel(tmp_path):
-    source = checkout_copy(tmp_path / "checkout")
-    wheels = tmp_path / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(source)])
-    [wheel] = wheels.glob("django_shoal-*.whl")
-    return wheel
 
 
 def assert_wheel_contents(wheel):
@@ -159,26 +102,6 @@ def assert_wheel_contents(wheel):
         assert expected in names, expected
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "requires-dist: django<6.2,>=5.2" in metadata.lower()
-
-
-def host_env(venv, redis_url, out):
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}", VIRTUAL_ENV=str(venv), REDIS_URL=redis_url,
-               SHOP_OUT=str(out), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-    return env
-
-
-def make_host_project(site, venv, env):
-    run([str(venv / "bin" / "django-admin"), "startproject", "host", str(site)], cwd=site.parent, env=env)
-    blocks = readme_blocks()
-    for name, block in blocks.items():
-        with open(site / "host" / name, "a") as f:
-            f.write("\n# Added per the README's 'Add Shoal to your project'\n" + block)
-    run([str(venv / "bin" / "python"), "manage.py", "startapp", "shop"], cwd=site, env=env)
-    (site / "shop" / "consumers.py").write_text(CONSUMERS)
-    with open(site / "host" / "settings.py", "a") as f:
-        f.write('\nINSTALLED_APPS += ["shop"]\n')
 
 
 def web_tier(site, venv, env, manage):
@@ -212,16 +135,6 @@ def web_tier(site, venv, env, manage):
     left = json.loads(run([*manage, "discover", "shoal-web", "--json"], cwd=site, env=env))["instances"]
     return {"port": port, "healthz": healthz, "metrics": metrics, "registered": url, "returncode": proc.returncode,
             "left_registered": left, "output": "".join(lines)}
-
-
-def get(port, path):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        conn.close()
 
 
 @pytest.mark.timeout(1200)

@@ -316,3 +316,63 @@ def test_least_connections_among_many_never_picks_a_busy_instance_and_follows_we
     # Every instance busy: the least loaded per unit of weight wins (i39: 1 call / weight 3).
     everyone = {f"i{n}": 2 for n in range(40)} | {"i39": 1}
     assert {strategy.pick("s", instances, everyone).instance_id for _ in range(50)} == {"i39"}
+
+
+class _Counted:
+    """An instance whose weight counts its reads: the work a pick does, without a clock."""
+
+    reads = 0
+
+    def __init__(self, instance_id, weight):
+        self.instance_id, self._weight = instance_id, weight
+
+    @property
+    def weight(self):
+        _Counted.reads += 1
+        return self._weight
+
+
+def test_weighted_round_robin_costs_o_log_n_per_pick_not_o_n():
+    # A user trial: 30-116 resolves/s at 5,000 instances with unequal weights (an O(n) pass per pick under
+    # a lock), against 25k-255k/s for every other strategy. The schedule is built once per candidate list.
+    from discovery_app.balancers import RoundRobin
+
+    instances = [_Counted(f"i{n:05}", 1 + n % 4) for n in range(5000)]
+    strategy = RoundRobin()
+    strategy.pick("s", instances, {})  # builds what the picks use: O(n) once
+    _Counted.reads = 0
+    picks = Counter(strategy.pick("s", instances, {}).instance_id for _ in range(1000))
+    assert _Counted.reads <= 1000 * 20, f"{_Counted.reads} weight reads for 1,000 picks at 5,000 instances"
+    assert len(picks) == 1000 or max(picks.values()) <= 2  # spread over the instances, not stuck on one
+
+
+def test_weighted_round_robin_is_smooth_and_exact_over_each_round():
+    from types import SimpleNamespace
+
+    from discovery_app.balancers import RoundRobin
+
+    a, b = SimpleNamespace(instance_id="a", weight=1.0), SimpleNamespace(instance_id="b", weight=3.0)
+    strategy = RoundRobin()
+    picks = [strategy.pick("s", [a, b], {}).instance_id for _ in range(40)]
+    assert picks[:4] == ["b", "a", "b", "b"]  # never a run of all three b's and then a
+    assert all(Counter(picks[n:n + 4]) == {"b": 3, "a": 1} for n in range(0, 40, 4))
+    weights = [5.0, 1.0, 1.0, 2.5]
+    many = [SimpleNamespace(instance_id=f"w{n}", weight=w) for n, w in enumerate(weights)]
+    counts = Counter(strategy.pick("t", many, {}).instance_id for _ in range(19 * 100))  # a round is 9.5 units
+    assert counts == {"w0": 1000, "w1": 200, "w2": 200, "w3": 500}
+
+
+def test_weighted_round_robin_stays_fair_when_the_candidate_list_changes():
+    # The client hands over a new list whenever a breaker, the cache entry or a health state changes;
+    # starting each new list afresh would favour whoever comes first in it.
+    from types import SimpleNamespace
+
+    from discovery_app.balancers import RoundRobin
+
+    light, heavy = SimpleNamespace(instance_id="light", weight=1.0), SimpleNamespace(instance_id="heavy", weight=2.0)
+    strategy = RoundRobin()
+    picks = Counter()
+    for _ in range(300):
+        candidates = [heavy, light]  # a new list object each time, same instances
+        picks[strategy.pick("s", candidates, {}).instance_id] += 1
+    assert picks == {"heavy": 200, "light": 100}

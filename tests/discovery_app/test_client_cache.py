@@ -1,5 +1,6 @@
 """The client's cache: change events drop it at once; with Redis down it serves stale instances."""
 import logging
+import threading
 
 import pytest
 
@@ -78,6 +79,78 @@ def test_redis_down_serves_stale_instances_and_says_so(redis_factory, use_redis,
     with pytest.raises(ServiceNotAvailable, match="registry is unreachable") as err:
         client.resolve("shipping")
     assert err.value.reason == ServiceNotAvailable.REGISTRY_UNREACHABLE
+
+
+def test_the_stale_warning_is_logged_once_per_outage_by_threads_retrying_it(redis_factory, use_redis, client_factory,
+                                                                          caplog, settings):
+    # A user trial: 5 warnings in a 20 s outage with 4 threads, one per back-off retry, where the docs
+    # promise one when it starts (and one "back to normal" when it ends).
+    settings.DISCOVERY = {"RETRY_BACKOFF_MAX": 0.1}
+    server = redis_factory()
+    use_redis(server)
+    instance = ServiceRegistry().register("orders", "h", 1)
+    client = client_factory(listen=False, cache_ttl=0.0001)
+    client.resolve("orders")
+    server.stop()
+    stopping = threading.Event()
+    answers = []
+
+    def caller():
+        while not stopping.is_set():
+            answers.append(client.resolve("orders").instance_id)
+
+    with caplog.at_level(logging.INFO, logger="discovery_app"):
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: client._failures >= 10, timeout=30, what="ten back-off retries of the registry")
+        finally:
+            stopping.set()
+            for thread in threads:
+                thread.join(10)
+        during = [r.getMessage() for r in caplog.records]
+        server.start()
+        fresh = ServiceRegistry().register("orders", "h", 2)
+        wait_for(lambda: client.resolve("orders").instance_id in (fresh.instance_id, instance.instance_id)
+                 and client._failures == 0, timeout=15, what="the registry read again")
+    assert set(answers) == {instance.instance_id}
+    assert len([m for m in during if "unreachable" in m]) == 1, during
+    assert not [m for m in during if "back to normal" in m], during
+    assert len([r for r in caplog.records if "back to normal" in r.getMessage()]) == 1
+
+
+def test_with_redis_down_at_start_the_listening_client_uses_its_fallbacks_and_listens_once_redis_is_up(
+        redis_factory, use_redis, client_factory, http_service, caplog):
+    # A user trial: with LISTEN on (the default), starting the change listener raised redis's raw
+    # ConnectionError from resolve(), resolve_url() and request(); the FALLBACKS were never used.
+    fallback = http_service("fallback")
+    server = redis_factory()
+    use_redis(server)
+    server.stop()
+    client = client_factory(fallbacks={"billing": [f"http://127.0.0.1:{fallback.port}"]})
+    assert client.listen
+    assert client.resolve_url("billing") == f"http://127.0.0.1:{fallback.port}"
+    assert client.request("billing", "POST", "/invoices").text == "fallback /invoices"
+    with pytest.raises(ServiceNotAvailable, match="registry is unreachable") as err:
+        client.resolve("shipping")
+    assert err.value.reason == ServiceNotAvailable.REGISTRY_UNREACHABLE
+    # Redis back: the listener starts with the next call after the back-off, and events flow again.
+    server.start()
+    instance = ServiceRegistry().register("shipping", "h", 1)
+    wait_for(lambda: _resolves(client, "shipping") == instance.instance_id, timeout=15,
+             what="the registry read again after the back-off")
+    assert client.wait_listening(timeout=10)
+    second = ServiceRegistry().register("shipping", "h", 2)
+    wait_for(lambda: len(client.instances("shipping")) == 2, timeout=10, what="a registration event")
+    assert second.instance_id in ids(client.instances("shipping"))
+
+
+def _resolves(client, service):
+    try:
+        return client.resolve(service).instance_id
+    except ServiceNotAvailable:
+        return None
 
 
 def test_client_recovers_when_redis_comes_back(redis_factory, use_redis, client_factory, caplog):

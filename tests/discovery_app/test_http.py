@@ -66,6 +66,21 @@ def test_post_is_not_sent_twice(registry, http_service, client):
     assert len(broken.hits) == 1 and len(good.hits) == 1
 
 
+def test_a_post_whose_connection_is_refused_goes_to_another_instance(registry, http_service, closed_port, client):
+    # Refused: nothing was sent (a stopping gunicorn refuses new connections at once), so even a POST is
+    # safe to send elsewhere; a POST that reached an instance is still never sent twice (above).
+    good = http_service("good")
+    registry.register("web", "127.0.0.1", closed_port)
+    registry.register("web", "127.0.0.1", good.port)
+    with pytest.raises(requests.ConnectionError):  # retry=False: never, not even that
+        for _ in range(2):  # round-robin: one of them goes to the closed port first
+            client.request("web", "POST", "/orders", retry=False)
+    sent = len(good.hits)
+    answers = [client.request("web", "POST", "/orders", json={"n": n}).text for n in range(4)]
+    assert answers == ["good /orders"] * 4
+    assert len(good.hits) == sent + 4  # each POST once
+
+
 def test_connection_error_on_the_only_instance_is_raised(registry, closed_port, client):
     registry.register("web", "127.0.0.1", closed_port)
     with pytest.raises(requests.ConnectionError):

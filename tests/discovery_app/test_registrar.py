@@ -194,6 +194,40 @@ def test_an_old_process_stopping_does_not_deregister_the_new_one_with_the_same_i
     assert ids("orders") == []
 
 
+def ports(service):
+    return [i.port for i in ServiceRegistry().instances(service)]
+
+
+def test_two_live_processes_with_one_instance_id_are_reported_and_the_survivor_takes_over(redis_server, redis):
+    # A user trial: two sidecars given the same --instance-id; after one was SIGKILLed the survivor's
+    # heartbeats kept the dead one's record (its port) alive for good, with no warning anywhere.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url,
+           "PYTHONUNBUFFERED": "1"}
+    common = ["--address", "127.0.0.1", "--instance-id", "orders-dup", "--interval", "0.3", "--ttl", "1.5"]
+    first = ConsumerProcess(["orders", "--port", "1001", *common], env, command="register")
+    second = None
+    try:
+        first.wait_for_output("Registered")
+        assert ports("orders") == [1001]
+        second = ConsumerProcess(["orders", "--port", "1002", *common], env, command="register")
+        second.wait_for_output("Registered")
+        assert ports("orders") == [1002]
+        # Detected and reported by the process whose registration was replaced, at its next heartbeat.
+        first.wait_for_output("is registered by another process (http://127.0.0.1:1002")
+        # While both live, the first leaves the second's record alone: one record, the second's.
+        time.sleep(1.0)
+        assert ports("orders") == [1002]
+        second.kill()
+        second.wait(timeout=30)
+        # The dead one's record expires (nobody refreshes it) and the survivor registers itself again.
+        wait_for(lambda: ports("orders") == [1001], timeout=15, what="the survivor listed in place of the dead one")
+        first.wait_for_output("registered again")
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.proc.poll() is None:
+                proc.kill()
+
+
 REGISTRAR_SCRIPT = """
 import os, signal, sys, time
 import django

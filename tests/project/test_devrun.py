@@ -1,12 +1,22 @@
 """make run's first-run admin user: created once, password printed once and stored 0600."""
+import http.client
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from pathlib import Path
+
 from project.devrun import ROOT, create_admin_once
+from tests.host_project import checkout_copy
+from tests.redis_server import free_port
+from tests.waiting import wait_for
+
+FRESH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 
 
 @pytest.fixture
@@ -77,3 +87,52 @@ def test_manage_py_reads_var_env_in_a_new_shell(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-2:] == ["True", "True"]
+
+
+def status_of(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_servings_first_command_works_after_make_dev_env_in_a_new_shell(tmp_path, redis_server, redis):
+    # docs/serving.md's first command, `gunicorn project.wsgi`, in a shell where only the venv is active:
+    # it failed with "SECRET_KEY is not set", var/env (DEBUG=1, REDIS_URL) being read by manage.py only.
+    checkout = checkout_copy(tmp_path / "shoal")
+    venv = Path(sys.prefix)
+    (checkout / ".venv").symlink_to(venv)
+    stamp = venv / ".installed-requirements"
+    if stamp.exists():  # the copy's requirements.txt is not newer than the venv: nothing to install
+        older = stamp.stat().st_mtime - 60
+        os.utime(checkout / "requirements.txt", (older, older))
+    prepared = subprocess.run(["make", "dev-env"], cwd=checkout, env={**FRESH_ENV, "REDIS_URL": redis_server.url},
+                              capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    port = free_port()
+    # As serving.md writes it, from the repository root; the port is the test's own (8000 may be taken).
+    proc = subprocess.Popen(["bash", "-c", f"source .venv/bin/activate && exec gunicorn project.wsgi "
+                                           f"--bind 127.0.0.1:{port}"],
+                            cwd=checkout, env=FRESH_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        def answers():
+            assert proc.poll() is None, f"gunicorn exited {proc.returncode}:\n{''.join(lines)}"
+            return status_of(port, "/healthz")
+
+        assert wait_for(answers, timeout=120, interval=0.2, what="gunicorn project.wsgi answering") == 200
+        assert status_of(port, "/admin/login/") == 200
+        # var/env's REDIS_URL, the one make dev-env chose: the web tier registered there.
+        wait_for(lambda: redis.hlen("discovery:{shoal-web}:instances") == 1, timeout=60,
+                 what="the web tier registered in the Redis make dev-env chose")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, "".join(lines)

@@ -32,9 +32,10 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     conf = json.loads(out.stdout.strip().splitlines()[-1])
-    assert conf["imported"] == ["shoal_common", "shoal_common.cpus", "shoal_common.web_rollout",
-                                "shoal_common.web_supervision", "streams_app", "streams_app.gunicorn_conf",
-                                "streams_app.metrics", "streams_app.metrics.multiprocess"]
+    # project.devenv reads var/env (no Django); the rest is the packaged config's.
+    assert conf["imported"] == ["project", "project.devenv", "shoal_common", "shoal_common.cpus",
+                                "shoal_common.web_rollout", "shoal_common.web_supervision", "streams_app",
+                                "streams_app.gunicorn_conf", "streams_app.metrics", "streams_app.metrics.multiprocess"]
     assert conf["workers"] == 3 and conf["threads"] == 4
     assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
     assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]

@@ -36,15 +36,33 @@ def only_live_and_archive_files(server):
     return True
 
 
+def ready_workers(server):
+    """Workers that said they are ready: each sent one request through the app first (its boot check)."""
+    return server.output().count(") is ready (app loaded")
+
+
+def every_booted_worker_ready(server):
+    """Every worker booted is ready and none is missing: a worker that reached max_requests said so while
+    answering its last request, before it exits and the master boots its replacement."""
+    output = server.output()
+    leaving = output.count("Autorestarting worker after current request")
+    return ready_workers(server) == server.booted() and server.booted() - leaving == server.workers
+
+
 def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunicorn):
     server = without_probes(gunicorn, workers=2, args=["--max-requests", "10", "--max-requests-jitter", "0"])
-    sent = requests_counted(server)  # start-up polled /healthz; this scrape counts itself too
+    wait_for(lambda: every_booted_worker_ready(server), timeout=60, what="the workers ready")
+    # Start-up polled /healthz, each worker checked the app with one request; this scrape counts itself too.
+    sent, ready = requests_counted(server), ready_workers(server)
     seen = []
     for _ in range(12):
         for _ in range(9):
             # When both workers recycle at once the request waits for a new one to load the app.
             assert server.get("/healthz", timeout=60)[0] == 200
             sent += 1
+        # A recycled worker's replacement sends its boot check's request before it says it is ready.
+        wait_for(lambda: every_booted_worker_ready(server), timeout=60, what="the new workers ready")
+        sent, ready = sent + ready_workers(server) - ready, ready_workers(server)
         seen.append(requests_counted(server))
         sent += 1  # the scrape is counted before it collects
         # Every request ever answered is counted exactly once, whichever worker (alive or not) took it.
@@ -56,7 +74,8 @@ def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunic
     assert "counter_archive.db" in files  # dead workers' counts live on there
     per_worker = {name.rsplit("_", 1)[0] for name in files}
     assert len(files) <= len(per_worker) * (server.workers + 1), files
-    assert requests_counted(server) == sent + 1
+    wait_for(lambda: every_booted_worker_ready(server), timeout=60, what="the new workers ready")
+    assert requests_counted(server) == sent + 1 + ready_workers(server) - ready
 
 
 def test_metrics_cover_every_worker_with_no_variable_preset(gunicorn):

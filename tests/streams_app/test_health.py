@@ -16,7 +16,7 @@ def test_healthz_answers_without_io_and_whatever_the_host(client):
 def test_readyz_is_200_when_redis_and_the_database_answer(client, redis):
     response = client.get("/readyz")
     assert response.status_code == 200, response.content
-    assert json.loads(response.content)["checks"] == {"redis": "ok", "database": "ok"}
+    assert json.loads(response.content)["checks"] == {"redis": "ok", "database": "ok", "application": "ok"}
 
 
 @pytest.mark.django_db
@@ -49,3 +49,18 @@ def test_a_failing_check_reports_a_short_reason_and_logs_the_error(caplog):
 
     assert run_checks(1.0, {"database": broken}) == {"database": "failed"}
     assert "OSError: disk on fire at /var/lib/secret" in caplog.text
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_naming_the_application_when_its_urlconf_cannot_load(client, redis, settings, tmp_path,
+                                                                            monkeypatch, caplog):
+    # HealthCheckMiddleware answers before the URLconf is used: it must still look at it.
+    (tmp_path / "broken_urls.py").write_text("import a_module_nobody_installed  # noqa\nurlpatterns = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings.ROOT_URLCONF = "broken_urls"
+    response = client.get("/readyz", HTTP_HOST="10.1.2.3")
+    body = json.loads(response.content)
+    assert response.status_code == 503
+    assert body["failing"] == ["application"] and body["checks"]["application"] == "cannot load"
+    assert "a_module_nobody_installed" not in response.content.decode()
+    assert "No module named 'a_module_nobody_installed'" in caplog.text

@@ -1,5 +1,7 @@
 """The control room through Django's test client: pages, permissions, confirmations, Redis effects, audit."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -348,3 +350,26 @@ def test_with_redis_down_pages_and_actions_say_so_instead_of_a_500(staff_client,
     edited = client.post(f"{CHANGELIST}{pk}/replay/", {"payload": '{"n": 3}', "post": "yes"})
     assert edited.status_code == 302
     assert client.get(f"/admin/streams_app/consumergroup/{group}/change/").status_code == 200
+
+
+TOUR_GROUP = re.compile(r"\*Consumer groups\* → `(?P<row>[^`]+)`(?P<rest>[^\n]*\n[^\n]*)")
+
+
+def test_the_readmes_tour_names_the_group_as_the_admin_shows_it(staff_client, redis):
+    # A user trial: the tour said `orders · email`; the list shows `email` (stream `orders`) and the
+    # group's page is titled `orders:email`.
+    pending(redis, "orders", "email", [{"order_id": 1}])
+    pending(redis, "orders", "points", [{"order_id": 1}])
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    tour = TOUR_GROUP.search(readme)
+    assert tour, "the README's tour names no consumer group"
+    client = staff_client()
+    listing = client.get("/admin/streams_app/consumergroup/").content.decode()
+    link = re.search(rf'<a href="(?P<url>[^"]+)">{re.escape(tour["row"])}</a>', listing)
+    assert link, f"no row of the consumer groups list is shown as {tour['row']!r}"
+    row = listing[link.start():listing.index("</tr>", link.start())]
+    for stream in re.findall(r"stream `([^`]+)`", tour["rest"]):
+        assert f">{stream}<" in row, f"the {tour['row']!r} row does not show stream {stream!r}"
+    page = client.get(link["url"]).content.decode()
+    for title in re.findall(r"titled `([^`]+)`", tour["rest"]):
+        assert f"<h2>{title}</h2>" in page, f"the group's page is not titled {title!r}"

@@ -1,0 +1,59 @@
+"""The gunicorn master's registration supervisor (shoal_common/web_supervision.py) on its own: its status
+file is written from two threads (the supervisor's and the master's exit hook), and the exit path never
+raises (it once did, FileNotFoundError on the shared temp file, and a halting master exited 1, not 3)."""
+import json
+import logging
+import sys
+import threading
+
+from shoal_common.web_supervision import RegistrationSupervisor
+
+# A registration process that lives until its stdin closes, as the real one does.
+UNTIL_EOF = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+log = logging.getLogger("tests.registration_supervisor")
+
+
+def test_status_writes_from_two_threads_at_once_never_fail(tmp_path):
+    status = tmp_path / "web_registration.json"
+    supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(status)).start()
+    errors = []
+
+    def write(state):
+        for _ in range(500):
+            try:
+                supervisor._write_status(state)
+            except Exception as exc:  # noqa: BLE001 - what the test counts
+                errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=write, args=(state,)) for state in ("running", "restarting")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        supervisor.stop()
+    assert errors == [], f"{len(errors)} failed writes, e.g. {errors[0]!r}"
+    assert json.loads(status.read_text())["state"] == "stopped"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temp file left behind
+
+
+def test_stop_ends_with_stopped_whatever_the_supervisor_thread_wrote(tmp_path):
+    # stop() wakes the thread, which writes "stopping" as stop() writes "stopped": the last word is stop()'s.
+    status = tmp_path / "web_registration.json"
+    for _ in range(20):
+        supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(status)).start()
+        supervisor.stop()
+        assert json.loads(status.read_text())["state"] == "stopped"
+
+
+def test_stop_never_raises_when_the_status_file_cannot_be_written(tmp_path, caplog):
+    # The master's on_exit runs this; an exception there turned a halt's exit code 3 into 1.
+    var = tmp_path / "var"
+    var.mkdir()
+    supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(var / "web_registration.json")).start()
+    var.rename(tmp_path / "gone")  # var/ removed under the master (a clean-up, a full disk: the write fails)
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        supervisor.stop()
+    assert supervisor.process.poll() is not None  # the registration process was still told to stop
+    assert "could not write" in caplog.text
