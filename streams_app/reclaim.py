@@ -2,10 +2,12 @@
 
 A pass: dead-letters pending entries at or over their group's max_deliveries (left by workers
 that died mid-handler, over and over), removes consumers idle with nothing pending, trims
-acknowledged entries of streams with ``retention="acked"``, and records snapshots (GroupSnapshot
-rows for the admin charts, Prometheus gauges). Several daemons may run at once: each step is
-safe to repeat or race (the dead-letter move checks the PEL inside its script; the consumer
-clean-up is one script; trimming only ever removes entries every group has acknowledged).
+acknowledged entries of streams with ``retention="acked"``, moves due deferred messages onto their
+streams (a backstop: the consumers move them first), and records snapshots (GroupSnapshot rows for
+the admin charts, Prometheus gauges). Several daemons may run at once: each step is safe to repeat
+or race (the dead-letter move checks the PEL inside its script; the consumer clean-up is one script;
+trimming only ever removes entries every group has acknowledged; a deferred message is moved by one
+script that removes it from its scheduled set).
 """
 import logging
 import threading
@@ -16,7 +18,7 @@ from datetime import datetime, timedelta, UTC
 import redis
 from django.db import DatabaseError
 
-from streams_app import keys, scripts
+from streams_app import keys, scheduled, scripts
 
 from streams_app.deadletters import store as deadletters
 
@@ -55,6 +57,7 @@ class PassReport:
     dead_lettered: dict = field(default_factory=dict)  # "stream:group" -> entries moved
     consumers_removed: dict = field(default_factory=dict)  # "stream:group" -> names
     trimmed: dict = field(default_factory=dict)  # stream -> entries trimmed
+    scheduled_moved: dict = field(default_factory=dict)  # stream -> due deferred messages moved onto it
     snapshots: int = 0
     errors: list = field(default_factory=list)
     unreachable: bool = False  # some step failed because Redis did not answer
@@ -110,6 +113,17 @@ class Reclaimer:
                 self.unreachable(report, f"trimming {stream}", exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
+                    self._skip(stream, stream, exc, report)
+        for stream in sorted({s.stream for s in self.specs}):
+            try:
+                self.move_scheduled(stream, report)
+            except TRANSIENT_ERRORS as exc:
+                self.unreachable(report, f"moving due deferred messages of {stream}", exc)
+            except redis.ResponseError as exc:
+                if is_oom(exc):
+                    report.errors.append(f"{stream}: {exc}")
+                    refusals.refused("scheduled", exc)
+                else:
                     self._skip(stream, stream, exc, report)
         self.sync_mirrors(report)  # first: the snapshots count each group's dead letters in the fresh copy
         try:
@@ -245,6 +259,22 @@ class Reclaimer:
             metrics.reclaimer_trimmed.labels(stream).inc(trimmed)
             logger.info("Reclaimer: trimmed %d acknowledged entries of %s (below %s)", trimmed, stream, minid)
         return trimmed
+
+    def move_scheduled(self, stream, report):
+        """Move the due deferred messages of ``stream`` onto it (streams_app/scheduled.py), as its consumers
+        do: the backstop for a stream none of whose consumers runs, so what is due shows as backlog."""
+        moved, result = scheduled.move_all_due(self.conn, stream)
+        if moved:
+            report.scheduled_moved[stream] = moved
+            logger.info("Reclaimer: moved %d due deferred messages onto %s", moved, stream)
+        if result.refusal:
+            problem = (f"{stream}: Redis refused to move due deferred messages onto it ({result.refusal}); they stay "
+                       f"in {keys.scheduled_key(stream)}")
+            report.errors.append(problem)
+            if problem not in self._reported:
+                self._reported.add(problem)
+                logger.warning("Reclaimer: %s", problem)
+        return moved
 
     def sync_mirrors(self, report):
         """Refresh the admin's copies of Redis state (streams_app/admin/mirror.py); failures only cost freshness."""
