@@ -255,3 +255,25 @@ def test_the_publish_command_refuses_a_bad_time_with_nothing_published(redis, ar
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command("publish", "jobs", '{"n": 1}', *args)
     assert all_keys(redis) == []
+
+
+# -- the control room --------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_admin_shows_how_many_deferred_messages_each_stream_holds(redis, settings, admin_client):
+    from streams_app.admin import mirror
+    from streams_app.models import Stream
+
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 3}}
+    publish_many("jobs", [{"n": n} for n in range(4)], run_after=timedelta(hours=1))
+    publish("jobs", {"n": 5})
+    publish_many("orders", [{"n": n} for n in range(9)], keys=[f"c{n}" for n in range(9)], run_after=timedelta(hours=1))
+    redis.set(scheduled_key("ledger"), "not a sorted set")  # counted as none, the page still shows
+    mirror.sync_all()
+    jobs = Stream.objects.get(name="jobs")
+    assert (jobs.length, jobs.scheduled) == (1, 4)
+    assert sum(Stream.objects.get(name=name).scheduled for name in partitions.names("orders")) == 9
+    assert Stream.objects.get(name="ledger").scheduled == 0
+    assert '<td class="field-scheduled">4</td>' in admin_client.get("/admin/streams_app/stream/").content.decode()
+    page = admin_client.get("/admin/streams_app/stream/logical/?name=orders").content.decode()
+    assert "9 deferred messages waiting for their time" in page
