@@ -123,6 +123,8 @@ class Reclaimer:
                 if is_oom(exc):
                     report.errors.append(f"{stream}: {exc}")
                     refusals.refused("scheduled", exc)
+                elif is_wrongtype(exc):
+                    self._not_moved(stream, scheduled.wrong_types(self.conn, stream), report)
                 else:
                     self._skip(stream, stream, exc, report)
         self.sync_mirrors(report)  # first: the snapshots count each group's dead letters in the fresh copy
@@ -268,13 +270,20 @@ class Reclaimer:
             report.scheduled_moved[stream] = moved
             logger.info("Reclaimer: moved %d due deferred messages onto %s", moved, stream)
         if result.refusal:
-            problem = (f"{stream}: Redis refused to move due deferred messages onto it ({result.refusal}); they stay "
-                       f"in {keys.scheduled_key(stream)}")
-            report.errors.append(problem)
-            if problem not in self._reported:
-                self._reported.add(problem)
-                logger.warning("Reclaimer: %s", problem)
+            refusal = result.refusal
+            if refusal.startswith("OOM"):
+                refusals.refused("scheduled", refusal)
+            self._not_moved(stream, scheduled.wrong_types(self.conn, stream) if refusal.startswith("WRONGTYPE")
+                            else refusal, report)
         return moved
+
+    def _not_moved(self, stream, problem, report):
+        problem = (f"{stream}: could not move due deferred messages onto it ({problem}); they stay in "
+                   f"{keys.scheduled_key(stream)} (Shoal leaves the keys as they are)")
+        report.errors.append(problem)
+        if problem not in self._reported:
+            self._reported.add(problem)
+            logger.warning("Reclaimer: %s", problem)
 
     def sync_mirrors(self, report):
         """Refresh the admin's copies of Redis state (streams_app/admin/mirror.py); failures only cost freshness."""

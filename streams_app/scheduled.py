@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 import redis
 from redis.exceptions import AskError, MovedError
 
-from shoal_common.redis_errors import is_oom
+from shoal_common.redis_errors import is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.conf import get_settings, setting
@@ -296,6 +296,15 @@ def move_all_due(conn, stream, calls=BACKSTOP_CALLS):
     return total, result
 
 
+def wrong_types(conn, stream):
+    """What a WRONGTYPE from the move script meant: the stream's keys that hold another type, named."""
+    wanted = dict(zip(_script_keys(stream), ("stream", "zset", "hash")))
+    kinds = {key: to_text(conn.type(key)) for key in wanted}
+    wrong = [f"Redis key {key!r} holds a {kind}, not a {wanted[key]}" for key, kind in kinds.items()
+             if kind not in (wanted[key], "none")]
+    return "; ".join(wrong) or "a key of another type (WRONGTYPE)"
+
+
 def count(conn, stream):
     """How many deferred messages ``stream`` holds (ZCARD; 0 for a key of another type)."""
     try:
@@ -360,7 +369,8 @@ class Mover:
         if isinstance(reply, Exception):
             if isinstance(reply, TRANSIENT_ERRORS):
                 raise reply
-            self._report(stream, f"{type(reply).__name__}: {reply}", oom=is_oom(reply))
+            problem = wrong_types(self.conn, stream) if is_wrongtype(reply) else f"{type(reply).__name__}: {reply}"
+            self._report(stream, problem, oom=is_oom(reply))
             self.due[stream] = now + self.poll
             return 0
         result = read_moved(reply)
@@ -368,7 +378,8 @@ class Mover:
             logger.warning("Consumer %s: dropped %d deferred messages of %s whose fields were missing from %s "
                            "(deleted by hand?)", self.name, result.dropped, stream, keys.scheduled_data_key(stream))
         if result.refusal:
-            self._report(stream, result.refusal, oom=result.refusal.startswith("OOM"))
+            refusal = wrong_types(self.conn, stream) if result.refusal.startswith("WRONGTYPE") else result.refusal
+            self._report(stream, refusal, oom=result.refusal.startswith("OOM"))
             self.due[stream] = now + self.poll
         else:
             self._reported.pop(stream, None)
@@ -386,6 +397,6 @@ class Mover:
             return
         if self._reported.get(stream) != problem:
             self._reported[stream] = problem
-            logger.warning("Consumer %s: Redis refused to move due deferred messages onto %s (%s); they stay "
-                           "scheduled in %s and are tried again every %.0f s", self.name, stream, problem,
-                           keys.scheduled_key(stream), self.poll)
+            logger.warning("Consumer %s: could not move due deferred messages onto %s (%s); they stay scheduled "
+                           "in %s (Shoal leaves the keys as they are) and are tried again every %.0f s", self.name,
+                           stream, problem, keys.scheduled_key(stream), self.poll)

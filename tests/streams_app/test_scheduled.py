@@ -211,8 +211,8 @@ def test_a_stream_key_of_another_type_stops_its_moves_and_is_logged_once(redis, 
     with caplog.at_level(logging.WARNING, logger="streams_app.scheduled"):
         for now in (0, 10, 20):
             assert mover.tick(now=now) == 0
-    warnings = [r.getMessage() for r in caplog.records if "refused to move" in r.getMessage()]
-    assert len(warnings) == 1 and "WRONGTYPE" in warnings[0], warnings
+    warnings = [r.getMessage() for r in caplog.records if "could not move" in r.getMessage()]
+    assert len(warnings) == 1 and "Redis key 'jobs' holds a string, not a stream" in warnings[0], warnings
     assert redis.zcard(scheduled_key("jobs")) == 1 and redis.get("jobs") == "precious"
     redis.delete("jobs")
     assert mover.tick(now=30) == 1
@@ -225,6 +225,25 @@ def test_the_reclaim_daemon_moves_what_is_due_as_a_backstop(redis):
     report = Reclaimer(select(["jobs:a"]), conn=get_connection()).tick()
     assert report.scheduled_moved == {"jobs": 150} and redis.xlen("jobs") == 150
     assert redis.zcard(scheduled_key("jobs")) == 1
+
+
+@pytest.mark.django_db
+def test_the_reclaim_daemon_names_a_scheduled_set_of_another_type_and_leaves_it(redis):
+    redis.set(scheduled_key("jobs"), "precious")
+    report = Reclaimer(select(["jobs:a"]), conn=get_connection()).tick()
+    assert any("Redis key '{jobs}:scheduled' holds a string, not a zset" in error for error in report.errors), report.errors
+    assert redis.get(scheduled_key("jobs")) == "precious"
+
+
+def test_a_partition_count_change_is_refused_while_deferred_messages_wait_in_a_dropped_partition(redis, settings):
+    from streams_app.exceptions import PartitionConfigError
+
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 3}}
+    publish("orders", {"n": 1}, key="c1", run_after=timedelta(hours=1))
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 2}}
+    # Consumers of the new layout would never read (nor move) the old partitions: the message would be stranded.
+    with pytest.raises(PartitionConfigError, match="still hold 1 entries or deferred messages"):
+        publish("orders", {"n": 2}, key="c1")
 
 
 # -- the command ------------------------------------------------------------------------------------
