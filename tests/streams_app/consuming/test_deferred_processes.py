@@ -116,3 +116,43 @@ def test_sigkills_of_whatever_moves_lose_nothing_and_move_nothing_twice(redis, r
     for proc in procs:
         proc.signal(signal.SIGTERM)
     assert [proc.wait(60) for proc in procs] == [0, 0, 0], [proc.output()[-2000:] for proc in procs]
+
+
+def test_deferred_outbox_messages_commit_with_their_rows_and_run_once_when_due(redis, redis_server, run_consumer,
+                                                                            sqlite_database):
+    """Web-like writers (a process of their own) commit orders with deferred outbox publishes, some rolled
+    back; runrelay schedules the committed ones, runconsumer moves and handles them when due."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    streams = {"OUTBOX_SWEEP_INTERVAL": 0.3, "BLOCK_MS": 500}
+    env = {"DATABASE_URL": sqlite_database.url}
+    relay = run_consumer(command="runrelay", streams=streams, env=env)
+    consumer = run_consumer("outbox-orders:effects", streams=streams, env=env)
+    consumer.wait_for_output("started", timeout=60)
+    written = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "outbox_orders", "--count", "40", "--prefix", "o",
+         "--rollback-every", "4", "--delay", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": sqlite_database.url,
+             "REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"})
+    assert written.returncode == 0, written.stdout + written.stderr
+    committed = {f"o{n}" for n in range(40) if n % 4 != 3}
+
+    def effects():
+        return Counter(name for (name,) in sqlite_database.rows("SELECT name FROM testapp_effect"))
+
+    wait_for(lambda: set(effects()) >= committed, timeout=90, what="an effect for every committed order")
+    entries = [(entry_id, fields) for entry_id, fields in redis.xrange("outbox-orders")]
+    assert sorted(json.loads(fields["payload"])["order"] for _, fields in entries) == sorted(committed)
+    early = [entry_id for entry_id, fields in entries if int(entry_id.split("-")[0]) < int(fields["shoal:run_after"])]
+    assert not early, f"moved before their time: {early}"
+    rows = sqlite_database.rows("SELECT entry_id, fields FROM streams_app_outboxmessage")
+    assert sorted(entry_id for entry_id, _ in rows) == sorted(json.loads(f)["shoal:scheduled_id"] for _, f in rows)
+    assert sorted(f["shoal:scheduled_id"] for _, f in entries) == sorted(entry_id for entry_id, _ in rows)
+    assert effects() == Counter({name: 1 for name in committed})
+    for proc in (relay, consumer):
+        proc.signal(signal.SIGTERM)
+    assert [relay.wait(60), consumer.wait(60)] == [0, 0]
