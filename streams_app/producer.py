@@ -231,6 +231,8 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
         _xadd_on_callers_pipeline(pipeline, stream, fields, maxlen)
         return None
     if due is not None:
+        if replicas is not None:
+            _check_wait_fits(conn, stream, replicas_timeout_ms)
         try:
             return scheduled.publish_deferred(conn, [stream], [fields], maxlen, due, replicas, replicas_timeout_ms)[0]
         except scheduled.Interrupted as exc:
@@ -328,6 +330,9 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     targets = None
     if len(partitions.ensure_recorded(conn, stream)) > 1:
         targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
+    if replicas is not None:
+        for target in set(targets or [stream]):
+            _check_wait_fits(conn, target, replicas_timeout_ms)
     if due is not None:
         try:
             return scheduled.publish_deferred(conn, targets or [stream] * len(encoded), encoded, maxlen, due, replicas,
@@ -335,8 +340,6 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
         except scheduled.Interrupted as exc:
             raise _partial(stream, exc.ids, exc.in_doubt, exc.cause) from None
     if replicas is not None:
-        for target in set(targets or [stream]):
-            _check_wait_fits(conn, target, replicas_timeout_ms)
         return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
                                 replicas_timeout_ms)
     ids = []

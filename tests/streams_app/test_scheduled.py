@@ -296,3 +296,27 @@ def test_the_admin_shows_how_many_deferred_messages_each_stream_holds(redis, set
     assert '<td class="field-scheduled">4</td>' in admin_client.get("/admin/streams_app/stream/").content.decode()
     page = admin_client.get("/admin/streams_app/stream/logical/?name=orders").content.decode()
     assert "9 deferred messages waiting for their time" in page
+
+
+# -- replicas ---------------------------------------------------------------------------------------
+
+def test_with_replicas_a_deferred_publish_returns_once_the_replica_has_it(redis_factory, use_redis):
+    """A master and a replica of its own (started here: it runs once, not per kind of Redis)."""
+    from streams_app.exceptions import NotReplicatedError
+
+    master, replica = redis_factory(), redis_factory()
+    copy = replica.client()
+    copy.replicaof("127.0.0.1", master.port)
+    wait_for(lambda: copy.info("replication").get("master_link_status") == "up", timeout=30, what="the replica")
+    use_redis(master)
+    one = publish("jobs", {"n": 1}, run_after=timedelta(hours=1), replicas=1, replicas_timeout_ms=5000)
+    many = publish_many("jobs", [{"n": n} for n in range(1500)], run_after=timedelta(hours=1), replicas=1,
+                        replicas_timeout_ms=5000)
+    assert copy.zscore(scheduled_key("jobs"), one) is not None and copy.zcard(scheduled_key("jobs")) == 1501
+    assert copy.hlen(scheduled_data_key("jobs")) == 1501 and many[-1] in copy.zrange(scheduled_key("jobs"), -1, -1)
+    copy.replicaof("no", "one")  # the replica is gone: nobody confirms
+    with pytest.raises(NotReplicatedError, match="only 0 of 1 replica") as caught:
+        publish("jobs", {"n": 2}, run_after=timedelta(hours=1), replicas=1, replicas_timeout_ms=200)
+    assert master.client().zscore(scheduled_key("jobs"), caught.value.id) is not None  # stored on the master
+    with pytest.raises(PublishError, match="replicas_timeout_ms .* must be at most"):
+        publish("jobs", {"n": 3}, run_after=timedelta(0), replicas=1, replicas_timeout_ms=10**7)
