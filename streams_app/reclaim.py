@@ -27,7 +27,7 @@ from streams_app.consuming import liveness
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from shoal_common.redis_errors import is_missing, is_oom, is_wrongtype
+from shoal_common.redis_errors import is_missing, is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming import refusals
 from streams_app.consuming.groups import key_type
@@ -73,6 +73,7 @@ class Reclaimer:
         self.passes = 0
         self.last_report = None
         self._reported = set()  # problems already logged: a key of the wrong type is logged once, not every pass
+        self._said_forbidden = False  # the Redis user may not run sorted-set commands (deferred messages)
         self.down_since = None  # monotonic time of the first failed pass of an outage
 
     @property
@@ -125,6 +126,11 @@ class Reclaimer:
                     refusals.refused("scheduled", exc)
                 elif is_wrongtype(exc):
                     self._not_moved(stream, scheduled.wrong_types(self.conn, stream), report)
+                elif is_no_permission(exc):
+                    # Degraded, not failed: deferred publishes are refused alike, so none can be waiting.
+                    if not self._said_forbidden:
+                        self._said_forbidden = True
+                        logger.warning("Reclaimer: deferred messages are not moved: %s", scheduled.ACL_HINT)
                 else:
                     self._skip(stream, stream, exc, report)
         self.sync_mirrors(report)  # first: the snapshots count each group's dead letters in the fresh copy

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 import redis
 from redis.exceptions import AskError, MovedError
 
-from shoal_common.redis_errors import is_oom, is_wrongtype
+from shoal_common.redis_errors import is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.conf import get_settings, setting
@@ -48,6 +48,11 @@ MOVE_MAX_BYTES = 4 * 1024 * 1024
 SCHEDULE_CHUNK = 1000
 # The reclaim daemon moves at most this many batches per stream and pass (then the next pass goes on).
 BACKSTOP_CALLS = 100
+
+# A Redis user without sorted-set commands (an ACL from before deferred messages) cannot schedule or move.
+ACL_HINT = ("the Redis user may not run the sorted-set commands deferred messages need: grant it +@sortedset "
+            "(docs/operations.md, \"Redis ACL\")")
+FORBIDDEN_RETRY = 60.0  # seconds between two tries of a mover whose user may not run them (the ACL may change)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -233,6 +238,8 @@ def _schedule_chunk(conn, target, items, mode, wait):
         if isinstance(reply, Exception):
             if isinstance(reply, TRANSIENT_ERRORS):
                 recover(conn)
+            if is_no_permission(reply):
+                raise PublishError(f"{ACL_HINT}; nothing was published ({reply})")
             raise reply
         check_reply(reply)
         if wait is None:
@@ -261,7 +268,7 @@ def schedule_each(conn, items):
         except (PublishError, redis.ResponseError) as exc:
             if isinstance(exc, TRANSIENT_ERRORS):
                 raise
-            outcome = exc
+            outcome = PublishError(f"{ACL_HINT} ({exc})") if is_no_permission(exc) else exc
         for position, item in share:
             results[position] = outcome if outcome is not None else item[0]
     return results
@@ -333,6 +340,7 @@ class Mover:
         self.due = {stream: 0.0 for stream in streams}  # stream -> when to look again (monotonic)
         self.moved = 0
         self._reported = {}  # stream -> the refusal last logged
+        self.forbidden = False  # the Redis user may not run sorted-set commands (said once)
 
     @property
     def conn(self):
@@ -369,6 +377,13 @@ class Mover:
         if isinstance(reply, Exception):
             if isinstance(reply, TRANSIENT_ERRORS):
                 raise reply
+            if is_no_permission(reply):
+                if not self.forbidden:
+                    self.forbidden = True
+                    logger.warning("Consumer %s: deferred messages are not moved: %s. Deferred publishes are refused "
+                                   "alike, so none can be waiting unless the ACL changed.", self.name, ACL_HINT)
+                self.due[stream] = now + FORBIDDEN_RETRY
+                return 0
             problem = wrong_types(self.conn, stream) if is_wrongtype(reply) else f"{type(reply).__name__}: {reply}"
             self._report(stream, problem, oom=is_oom(reply))
             self.due[stream] = now + self.poll

@@ -320,3 +320,34 @@ def test_with_replicas_a_deferred_publish_returns_once_the_replica_has_it(redis_
     assert master.client().zscore(scheduled_key("jobs"), caught.value.id) is not None  # stored on the master
     with pytest.raises(PublishError, match="replicas_timeout_ms .* must be at most"):
         publish("jobs", {"n": 3}, run_after=timedelta(0), replicas=1, replicas_timeout_ms=10**7)
+
+
+# -- a Redis user without sorted-set commands (an ACL from before deferred messages) -------------------
+
+OLD_ACL = ["on", ">s3cret", "~*", "&*", "-@all", "+@stream", "+@scripting", "+@string", "+@hash", "+@set",
+           "+@keyspace", "+@pubsub", "+@connection", "+time", "-@dangerous", "+@list"]
+
+
+@pytest.mark.django_db
+def test_without_sorted_set_commands_a_deferred_publish_says_what_to_grant_and_the_rest_works(
+        redis_factory, settings, caplog):
+    server = redis_factory()
+    server.client().execute_command("ACL", "SETUSER", "shoal", *OLD_ACL)
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"],
+                                                      "LOCATION": f"redis://shoal:s3cret@127.0.0.1:{server.port}/0"}}
+    with pytest.raises(PublishError, match=re.escape("grant it +@sortedset (docs/operations.md")):
+        publish("jobs", {"n": 1}, run_after=timedelta(0))
+    with pytest.raises(PublishError, match="nothing was published"):
+        publish_many("jobs", [{"n": 1}], run_after=timedelta(0))
+    publish("jobs", {"n": 2})  # a direct publish is as before
+    mover = scheduled.Mover(["jobs", "ledger"], name="c1")
+    with caplog.at_level(logging.WARNING):
+        assert mover.tick(now=0) == 0 and mover.tick(now=120) == 0
+        daemon = Reclaimer(select(["jobs:a"]), conn=get_connection())
+        report = daemon.tick()
+        daemon.tick()
+    said = [r.getMessage() for r in caplog.records if "deferred messages are not moved" in r.getMessage()]
+    assert len(said) == 2, said  # once by the mover, once by the reclaimer, however many passes
+    assert mover.due["jobs"] == 120 + scheduled.FORBIDDEN_RETRY
+    assert not [error for error in report.errors if "sorted" in error or "script" in error], report.errors
+    assert server.client().xlen("jobs") == 1
