@@ -50,8 +50,10 @@ def is_oom(exc):
 
 
 def is_no_permission(exc):
-    """The Redis user's ACL forbids the command (a least-privilege user; see "Redis ACL" in the docs)."""
-    return isinstance(exc, redis.exceptions.NoPermissionError) or _says(exc, "NOPERM")
+    """The Redis user's ACL forbids the command (a least-privilege user; see "Redis ACL" in the docs).
+    Inside a script Redis says so in words: "The user executing the script can't run this command"."""
+    return (isinstance(exc, redis.exceptions.NoPermissionError) or _says(exc, "NOPERM")
+            or _says(exc, "user executing the script can't run"))
 
 
 def is_unblocked(exc):

@@ -81,6 +81,18 @@ SETTINGS = (
     Setting("OUTBOX_RETENTION", 3600, POSITIVE_INT,
             "Seconds a relayed outbox row is kept (the admin shows it) before the relay deletes it."),
 
+    # -- deferred messages (publish(..., run_after=...): streams_app/scheduled.py, docs/publishing.md) ----
+    Setting("SCHEDULED_POLL_INTERVAL", 1.0, POSITIVE_NUMBER,
+            "Seconds between two looks of each consumer process at the scheduled set of each stream it reads "
+            "(one script call per Redis node for all of them); a set whose first message falls due sooner is "
+            "looked at then. A deferred message published less than this before its time may start up to this late."),
+    Setting("SCHEDULED_BATCH", 100, POSITIVE_INT,
+            "The most due deferred messages one move script call puts onto a stream (and at most 4 MiB of them); "
+            "while more are due, the mover calls again at once."),
+    Setting("RUN_AFTER_MAX", 366 * 24 * 3600, SECONDS_INT,
+            "The furthest ahead, in seconds, ``publish(..., run_after=...)`` accepts (a datetime or a timedelta); "
+            "beyond it the publish is refused with a PublishError, as a likely unit mistake."),
+
     Setting("PARTITIONS", {}, PARTITION_COUNTS,
             "Partitioned streams: ``{\"orders\": 6}`` spreads the logical stream ``orders`` over 6 streams (one "
             "cluster slot each, spread over the masters). ``publish(..., key=k)`` routes by CRC-32 of the key, "

@@ -18,6 +18,17 @@ def dead_letter_key(stream):
     return f"{hash_tag(stream)}:dlq"
 
 
+def scheduled_key(stream):
+    """Deferred messages of ``stream`` (a sorted set): scheduled id -> when it is due, ms on the Redis
+    clock (streams_app/scheduled.py)."""
+    return f"{hash_tag(stream)}:scheduled"
+
+
+def scheduled_data_key(stream):
+    """The fields of the deferred messages of ``stream`` (a hash): scheduled id -> netstring list."""
+    return f"{hash_tag(stream)}:scheduled:data"
+
+
 def error_key(stream, group, entry_id):
     """The last error of a pending entry (a hash with a TTL): read when the entry is dead-lettered."""
     return f"{hash_tag(stream)}:error:{group}:{entry_id}"

@@ -18,6 +18,10 @@ TARGET_GROUP_FIELD = b"shoal:target_group"
 # it. The idempotency guards prefer it to ``key``, which many messages may share (key=f"order-{pk}").
 IDEMPOTENCY_ID_FIELD = "shoal:idempotency_id"
 _IDEMPOTENCY_ID_RAW = IDEMPOTENCY_ID_FIELD.encode()
+# Set on a deferred message when it is moved onto its stream (streams_app/scheduled.py): the scheduled id
+# ``publish(..., run_after=...)`` returned, and when it was due (ms since the epoch, on the Redis clock).
+SCHEDULED_ID_FIELD = "shoal:scheduled_id"
+RUN_AFTER_FIELD = "shoal:run_after"
 
 
 def _text(value):
@@ -122,6 +126,18 @@ class Message:
         """What the idempotency guards deduplicate by when set (outbox messages): see IDEMPOTENCY_ID_FIELD."""
         raw = _raw(self.raw_fields, _IDEMPOTENCY_ID_RAW)
         return None if raw is None else _text(raw)
+
+    @property
+    def scheduled_id(self):
+        """A deferred message's scheduled id (what its ``publish(..., run_after=...)`` returned), else None."""
+        raw = _raw(self.raw_fields, SCHEDULED_ID_FIELD.encode())
+        return None if raw is None else _text(raw)
+
+    @property
+    def run_after(self):
+        """When a deferred message was due, in ms since the epoch (Redis clock); None for a direct one."""
+        raw = _raw(self.raw_fields, RUN_AFTER_FIELD.encode())
+        return int(raw) if raw is not None and _text(raw).isdigit() else None
 
     @property
     def key(self):

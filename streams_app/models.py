@@ -53,6 +53,8 @@ class Stream(models.Model):
     groups = models.IntegerField(default=0)
     dead_letters = models.BigIntegerField(default=0, help_text="Length of the stream's dead-letter stream.")
     last_id = models.CharField(max_length=64, blank=True)
+    scheduled = models.BigIntegerField(default=0, help_text="Deferred messages waiting for their time in the "
+                                                           "stream's scheduled set ({stream}:scheduled).")
     dlq_cursor = models.CharField(
         max_length=64, default="0-0", help_text="Highest dead-letter id copied into DeadLetter: the next sync reads past it."
     )

@@ -126,7 +126,8 @@ def ensure_recorded(conn, stream):
     raw = conn.get(record_key(stream))
     recorded = json.loads(raw) if raw else [stream]
     if recorded != wanted:
-        sizes = {name: conn.xlen(name) for name in recorded if name not in wanted}
+        # Deferred messages waiting in a dropped stream's scheduled set would never be moved: they count too.
+        sizes = {name: conn.xlen(name) + conn.zcard(keys.scheduled_key(name)) for name in recorded if name not in wanted}
         held = {name: size for name, size in sizes.items() if size}
         if held:
             raise PartitionConfigError(_refusal(stream, recorded, wanted, held))
@@ -139,7 +140,7 @@ def ensure_recorded(conn, stream):
 
 
 def _refusal(stream, recorded, wanted, held):
-    where = f"{', '.join(map(repr, sorted(held)))} still hold {sum(held.values())} entries"
+    where = f"{', '.join(map(repr, sorted(held)))} still hold {sum(held.values())} entries or deferred messages"
     if len(wanted) == 1:
         return (f"stream {stream!r} has {len(recorded)} partition(s) recorded in Redis ({record_key(stream)}) "
                 f"and STREAMS['PARTITIONS'] no longer declares it; {where}. As a plain stream, {stream!r} would "

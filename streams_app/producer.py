@@ -6,7 +6,7 @@ import redis
 from redis.exceptions import AskError, MovedError
 
 from streams_app import codec as codecs
-from streams_app import partitions
+from streams_app import partitions, scheduled
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
@@ -197,8 +197,12 @@ def _check_wait_fits(conn, stream, timeout_ms):
 
 
 def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
-            using="default", replicas=None, replicas_timeout_ms=1000):
+            using="default", replicas=None, replicas_timeout_ms=1000, run_after=None):
     """Append one message; return its entry id (None when queued on ``pipeline``).
+
+    ``run_after``: an aware datetime, or a timedelta from now (on the Redis clock): the message waits
+    in the stream's scheduled set until then (streams_app/scheduled.py); returns its scheduled id
+    (there is no entry id yet), which the entry carries as ``shoal:scheduled_id`` once moved.
 
     ``outbox=True``: write it to the transactional outbox of database ``using`` instead, in the
     caller's transaction (streams_app/outbox); the relay publishes it after the commit. Returns
@@ -213,8 +217,9 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     if replicas is not None and pipeline is not None:
         raise PublishError("replicas= cannot be used with pipeline=: WAIT must follow the write on its connection")
     _check_maxlen(maxlen)
+    due = _due(run_after, pipeline)
     if outbox:
-        return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec)[0]
+        return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec, due)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
     logical = stream
     conn = get_connection()  # once: django-redis's lookup costs a few µs of a ~40 µs publish
@@ -225,6 +230,13 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     if pipeline is not None:
         _xadd_on_callers_pipeline(pipeline, stream, fields, maxlen)
         return None
+    if due is not None:
+        if replicas is not None:
+            _check_wait_fits(conn, stream, replicas_timeout_ms)
+        try:
+            return scheduled.publish_deferred(conn, [stream], [fields], maxlen, due, replicas, replicas_timeout_ms)[0]
+        except scheduled.Interrupted as exc:
+            raise exc.cause from None  # as a direct publish raises Redis's error
     try:
         if replicas is not None:
             _check_wait_fits(conn, stream, replicas_timeout_ms)
@@ -235,6 +247,16 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
             raise
         raise _not_a_stream(conn, stream) from None
     return to_text(entry_id)
+
+
+def _due(run_after, pipeline=None):
+    """The scheduled.Due of ``run_after`` (None: publish now); PublishError for what cannot be one."""
+    if run_after is None:
+        return None
+    if pipeline is not None:
+        raise PublishError("run_after= cannot be used with pipeline=: a deferred message is scheduled by a script "
+                           "on the stream's node, not queued as an XADD; nothing was published")
+    return scheduled.due_of(run_after)
 
 
 def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
@@ -268,8 +290,10 @@ def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
 
 
 def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default",
-                 replicas=None, replicas_timeout_ms=1000):
+                 replicas=None, replicas_timeout_ms=1000, run_after=None):
     """Append many messages, 1000 per round trip; return their ids in order.
+
+    ``run_after``: every message is deferred until then (see ``publish``); returns their scheduled ids.
 
     Every payload is encoded before the first is sent, so bad input publishes nothing (the
     PublishError's ``index`` names the message). Each batch of 1000 is one MULTI/EXEC: Redis
@@ -290,8 +314,9 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
         keys = list(keys)
         if len(keys) != len(payloads):
             raise PublishError(f"got {len(keys)} keys for {len(payloads)} payloads")
+    due = _due(run_after)
     if outbox:
-        return _to_outbox(stream, payloads, keys or [None] * len(payloads), headers, maxlen, using, codec=codec)
+        return _to_outbox(stream, payloads, keys or [None] * len(payloads), headers, maxlen, using, codec=codec, due=due)
     encoded = []
     encode = _MessageEncoder(headers, codec)
     for index, payload in enumerate(payloads):
@@ -308,6 +333,13 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     if replicas is not None:
         for target in set(targets or [stream]):
             _check_wait_fits(conn, target, replicas_timeout_ms)
+    if due is not None:
+        try:
+            return scheduled.publish_deferred(conn, targets or [stream] * len(encoded), encoded, maxlen, due, replicas,
+                                              replicas_timeout_ms)
+        except scheduled.Interrupted as exc:
+            raise _partial(stream, exc.ids, exc.in_doubt, exc.cause) from None
+    if replicas is not None:
         return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
                                 replicas_timeout_ms)
     ids = []
@@ -355,7 +387,7 @@ def _send_batch(conn, stream, batch, maxlen):
     return pipe.execute()
 
 
-def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, codec=None):
+def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, codec=None, due=None):
     from streams_app.outbox import enqueue
 
     if pipeline is not None:
@@ -371,6 +403,10 @@ def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, co
             error = PublishError(f"message {index}: {exc}" if len(keys) > 1 else str(exc))
             error.index, error.reason = index, str(exc)
             raise error from None
+    if due is not None:  # the relay schedules the row's message (outbox/relay.py): due by this clock, as of now
+        at = scheduled.absolute(due).ms
+        for fields, scheduled_id in zip(encoded, scheduled.new_ids(len(encoded))):
+            fields.update({scheduled.RUN_AFTER_FIELD: str(at), scheduled.SCHEDULED_ID_FIELD: scheduled_id})
     return enqueue.enqueue(stream, encoded, checked, maxlen, using)
 
 

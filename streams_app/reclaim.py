@@ -2,10 +2,12 @@
 
 A pass: dead-letters pending entries at or over their group's max_deliveries (left by workers
 that died mid-handler, over and over), removes consumers idle with nothing pending, trims
-acknowledged entries of streams with ``retention="acked"``, and records snapshots (GroupSnapshot
-rows for the admin charts, Prometheus gauges). Several daemons may run at once: each step is
-safe to repeat or race (the dead-letter move checks the PEL inside its script; the consumer
-clean-up is one script; trimming only ever removes entries every group has acknowledged).
+acknowledged entries of streams with ``retention="acked"``, moves due deferred messages onto their
+streams (a backstop: the consumers move them first), and records snapshots (GroupSnapshot rows for
+the admin charts, Prometheus gauges). Several daemons may run at once: each step is safe to repeat
+or race (the dead-letter move checks the PEL inside its script; the consumer clean-up is one script;
+trimming only ever removes entries every group has acknowledged; a deferred message is moved by one
+script that removes it from its scheduled set).
 """
 import logging
 import threading
@@ -16,7 +18,7 @@ from datetime import datetime, timedelta, UTC
 import redis
 from django.db import DatabaseError
 
-from streams_app import keys, scripts
+from streams_app import keys, scheduled, scripts
 
 from streams_app.deadletters import store as deadletters
 
@@ -25,7 +27,7 @@ from streams_app.consuming import liveness
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from shoal_common.redis_errors import is_missing, is_oom, is_wrongtype
+from shoal_common.redis_errors import is_missing, is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming import refusals
 from streams_app.consuming.groups import key_type
@@ -55,6 +57,7 @@ class PassReport:
     dead_lettered: dict = field(default_factory=dict)  # "stream:group" -> entries moved
     consumers_removed: dict = field(default_factory=dict)  # "stream:group" -> names
     trimmed: dict = field(default_factory=dict)  # stream -> entries trimmed
+    scheduled_moved: dict = field(default_factory=dict)  # stream -> due deferred messages moved onto it
     snapshots: int = 0
     errors: list = field(default_factory=list)
     unreachable: bool = False  # some step failed because Redis did not answer
@@ -70,6 +73,7 @@ class Reclaimer:
         self.passes = 0
         self.last_report = None
         self._reported = set()  # problems already logged: a key of the wrong type is logged once, not every pass
+        self._said_forbidden = False  # the Redis user may not run sorted-set commands (deferred messages)
         self.down_since = None  # monotonic time of the first failed pass of an outage
 
     @property
@@ -110,6 +114,24 @@ class Reclaimer:
                 self.unreachable(report, f"trimming {stream}", exc)
             except redis.ResponseError as exc:
                 if not _absent(exc):
+                    self._skip(stream, stream, exc, report)
+        for stream in sorted({s.stream for s in self.specs}):
+            try:
+                self.move_scheduled(stream, report)
+            except TRANSIENT_ERRORS as exc:
+                self.unreachable(report, f"moving due deferred messages of {stream}", exc)
+            except redis.ResponseError as exc:
+                if is_oom(exc):
+                    report.errors.append(f"{stream}: {exc}")
+                    refusals.refused("scheduled", exc)
+                elif is_wrongtype(exc):
+                    self._not_moved(stream, scheduled.wrong_types(self.conn, stream), report)
+                elif is_no_permission(exc):
+                    # Degraded, not failed: deferred publishes are refused alike, so none can be waiting.
+                    if not self._said_forbidden:
+                        self._said_forbidden = True
+                        logger.warning("Reclaimer: deferred messages are not moved: %s", scheduled.ACL_HINT)
+                else:
                     self._skip(stream, stream, exc, report)
         self.sync_mirrors(report)  # first: the snapshots count each group's dead letters in the fresh copy
         try:
@@ -245,6 +267,29 @@ class Reclaimer:
             metrics.reclaimer_trimmed.labels(stream).inc(trimmed)
             logger.info("Reclaimer: trimmed %d acknowledged entries of %s (below %s)", trimmed, stream, minid)
         return trimmed
+
+    def move_scheduled(self, stream, report):
+        """Move the due deferred messages of ``stream`` onto it (streams_app/scheduled.py), as its consumers
+        do: the backstop for a stream none of whose consumers runs, so what is due shows as backlog."""
+        moved, result = scheduled.move_all_due(self.conn, stream)
+        if moved:
+            report.scheduled_moved[stream] = moved
+            logger.info("Reclaimer: moved %d due deferred messages onto %s", moved, stream)
+        if result.refusal:
+            refusal = result.refusal
+            if refusal.startswith("OOM"):
+                refusals.refused("scheduled", refusal)
+            self._not_moved(stream, scheduled.wrong_types(self.conn, stream) if refusal.startswith("WRONGTYPE")
+                            else refusal, report)
+        return moved
+
+    def _not_moved(self, stream, problem, report):
+        problem = (f"{stream}: could not move due deferred messages onto it ({problem}); they stay in "
+                   f"{keys.scheduled_key(stream)} (Shoal leaves the keys as they are)")
+        report.errors.append(problem)
+        if problem not in self._reported:
+            self._reported.add(problem)
+            logger.warning("Reclaimer: %s", problem)
 
     def sync_mirrors(self, report):
         """Refresh the admin's copies of Redis state (streams_app/admin/mirror.py); failures only cost freshness."""

@@ -91,6 +91,7 @@ def logical_stream(model_admin, request):
         "partitions": parts,
         "length": sum(row.length for row in rows.values()),
         "dead_letters": sum(row.dead_letters for row in rows.values()),
+        "scheduled": sum(row.scheduled for row in rows.values()),
         "groups": summed,
     }
     return TemplateResponse(request, "admin/streams_app/stream/logical.html", context)

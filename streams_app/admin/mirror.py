@@ -114,7 +114,14 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     readable_dlqs = [n for n in names if dlq_kinds[n] == "stream"]
     for name in readable_dlqs:
         pipe.xlen(keys.dead_letter_key(name))
-    dlq_lengths = dict(zip(readable_dlqs, pipe.execute()))
+    for name in names:
+        pipe.zcard(keys.scheduled_key(name))  # deferred messages (streams_app/scheduled.py)
+    replies = pipe.execute(raise_on_error=False)
+    dlq_lengths = dict(zip(readable_dlqs, replies))
+    failed = next((r for r in dlq_lengths.values() if isinstance(r, Exception)), None)
+    if failed is not None:
+        raise failed
+    waiting = {name: count if isinstance(count, int) else 0 for name, count in zip(names, replies[len(readable_dlqs):])}
 
     stale = _stale_pending(conn, infos, timeout)
     alive = _alive_consumers(conn, infos)
@@ -126,7 +133,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
         try:
             with transaction.atomic():
                 stream = _sync_stream(conn, name, infos.get(name, ({}, [])), dlq_lengths.get(name, 0), by_group,
-                                      (stale, alive), now, "; ".join(problems))
+                                      (stale, alive), now, "; ".join(problems), waiting[name])
                 if name in dlq_lengths:
                     sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
                 _count_group_dead_letters(stream)
@@ -146,7 +153,7 @@ def _declared_partitions():
     return [name for stream in (declared if isinstance(declared, dict) else {}) if partitions.is_partitioned(stream) for name in partitions.names(stream)]
 
 
-def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem):
+def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem, scheduled=0):
     from streams_app.models import ConsumerGroup, Stream
     from streams_app.supervisor.lag import backlog
 
@@ -157,6 +164,7 @@ def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem):
         "groups": len(groups),
         "dead_letters": dlq_length,
         "last_id": _text(stream_info.get("last-generated-id") or ""),
+        "scheduled": scheduled,
         "exists": bool(stream_info),
         "problem": problem[:300],
         "synced_at": now,

@@ -76,12 +76,12 @@ class GroupLogicalStreamFilter(LogicalStreamFilter):
 
 @admin.register(Stream)
 class StreamAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
-    list_display = ("name", "logical_stream", "length", "groups", "dead_letters_link", "last_id", "exists", "problem",
-                    "synced_at")
+    list_display = ("name", "logical_stream", "length", "scheduled", "groups", "dead_letters_link", "last_id", "exists",
+                    "problem", "synced_at")
     list_filter = ("exists", LogicalStreamFilter)
     search_fields = ("name",)
-    fields = ("name", "logical_stream", "length", "groups", "dead_letters", "last_id", "exists", "problem", "dlq_cursor",
-              "synced_at")
+    fields = ("name", "logical_stream", "length", "scheduled", "groups", "dead_letters", "last_id", "exists", "problem",
+              "dlq_cursor", "synced_at")
     readonly_fields = fields
 
     @admin.display(description="consumers", ordering="live_consumers")

@@ -35,6 +35,7 @@ from streams_app.consuming.leases import LeaseTable
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.naming import consumer_name
+from streams_app.scheduled import Mover
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -83,6 +84,7 @@ class Worker:
         self.heartbeat = heartbeat
         self.can_unblock = True  # False when the Redis user may not run CLIENT LIST / CLIENT UNBLOCK
         self.leases = LeaseTable(self.name, config, clock)  # ordered consumers' partition leases
+        self.mover = Mover(self.streams, config=config, clock=clock, name=self.name)  # deferred messages
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -99,8 +101,9 @@ class Worker:
             if self.heartbeat is not None:
                 self.heartbeat(self)
             self.renew_liveness()
+            self.move_scheduled()
             try:
-                signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else 1.0)
+                signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else self.mover.wait())
             except queue.Empty:
                 signum = None
             if signum is not None:
@@ -220,6 +223,12 @@ class Worker:
             self.liveness_due = now + 1.0
             return
         refusals.accepted()
+
+    def move_scheduled(self):
+        """Move the due deferred messages of the streams this worker reads onto them (scheduled.Mover:
+        one script call per node, when a stream's time has come). Not once stopping: others move them."""
+        if not self.shutdown.is_set():
+            self.mover.tick()
 
     def forget_liveness(self):
         # A clean exit is not a death: drop the deadline so nobody takes over what stays pending

@@ -30,6 +30,7 @@ from django.utils import timezone
 from shoal_common.text import counted, to_text
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection
+from streams_app import scheduled
 from streams_app.outbox import cleanup, enqueue
 from streams_app.outbox.guard import guard_for
 
@@ -178,10 +179,7 @@ class Relay:
             refused = self._layout_errors({row.stream for row in rows})
             failed = [(row, refused[row.stream]) for row in rows if row.stream in refused]
             rows = [row for row in rows if row.stream not in refused]
-            pipe = self.redis.pipeline(transaction=False)
-            for row in rows:
-                self._xadd(pipe, row)
-            replies = pipe.execute(raise_on_error=False) if rows else []
+            replies = self._send(rows)
             done = []
             for row, reply in zip(rows, replies):
                 if isinstance(reply, TRANSIENT_ERRORS):
@@ -225,6 +223,25 @@ class Relay:
         if not earliest:
             return rows
         return [row for row in rows if earliest.get((row.stream, row.key), row.id + 1) > row.id]
+
+    def _send(self, rows):
+        """XADD ``rows`` in one pipeline; a deferred row's message goes to its stream's scheduled set
+        instead (streams_app/scheduled.py, one script per stream). Their replies in order: the entry id
+        or scheduled id, or the error Redis gave the row."""
+        deferred = [i for i, row in enumerate(rows) if scheduled.RUN_AFTER_FIELD in row.fields]
+        direct = [row for row in rows if scheduled.RUN_AFTER_FIELD not in row.fields]
+        replies = []
+        if direct:
+            pipe = self.redis.pipeline(transaction=False)
+            for row in direct:
+                self._xadd(pipe, row)
+            replies = pipe.execute(raise_on_error=False)
+        if not deferred:
+            return replies
+        later = scheduled.schedule_each(self.redis, [(target_stream(rows[i].stream, rows[i].key), rows[i].fields,
+                                                      rows[i].maxlen) for i in deferred])
+        direct_replies, later = iter(replies), dict(zip(deferred, later))
+        return [later[i] if i in later else next(direct_replies) for i in range(len(rows))]
 
     def _xadd(self, pipe, row):
         stream = target_stream(row.stream, row.key)

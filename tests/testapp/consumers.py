@@ -452,3 +452,27 @@ consumer("oonce", group="o", ordered=True, max_deliveries=1, retry_backoff=0.05)
 consumer("othrice", group="o", ordered=True, max_deliveries=3, retry_backoff=0.05)(records_its_deliveries)
 # A back-off a test can act within: a failed entry waits in the PEL that long (test_ordered.py).
 consumer("owaits", group="o", ordered=True, retry_backoff=1)(records_its_order)
+
+
+# -- deferred messages (tests/streams_app/test_scheduled.py, consuming/test_deferred_processes.py) -----
+
+def record_run(message):
+    """Appends to ``deferred:runs`` one JSON record per run: the scheduled id, when it was due (ms, Redis
+    clock), when the handler started (ms, this host's clock: the tests' Redis runs on the same host)."""
+    import json
+
+    get_connection().rpush("deferred:runs", json.dumps({
+        "id": message.scheduled_id, "due": message.run_after, "at": time.time() * 1000, "entry": message.id,
+        "stream": message.stream, "key": message.key}))
+
+
+consumer("deferred", group="g")(record_run)
+
+
+@consumer("deferreddb", group="d", idempotent="db")
+def deferred_effect(message):
+    """One Effect row per message key, in the guard's transaction (each deferred message has a key of its own)."""
+    from tests.testapp.models import Effect
+
+    record_run(message)
+    Effect.objects.create(name=message.key, entry_id=message.id)

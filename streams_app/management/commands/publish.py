@@ -1,5 +1,7 @@
 import json
+import math
 import sys
+from datetime import datetime, timedelta
 
 import redis
 
@@ -13,7 +15,8 @@ from streams_app.producer import publish, publish_many
 
 
 class Command(ShoalCommand):
-    help = "Publish a JSON message to a stream, or one message per line of stdin with '-'. Prints the entry ids."
+    help = ("Publish a JSON message to a stream, or one message per line of stdin with '-'. Prints the entry ids "
+            "(with --delay or --run-after: the scheduled ids of the deferred messages).")
 
     def add_arguments(self, parser):
         parser.add_argument("stream", help="Stream name, e.g. orders.")
@@ -21,16 +24,24 @@ class Command(ShoalCommand):
         parser.add_argument("--key", help="Idempotency key of the message (single message only).")
         parser.add_argument("--headers", help="JSON object of headers for every message.")
         parser.add_argument("--maxlen", type=int, help="Cap the stream at about this many entries (MAXLEN ~; drops old entries read or not).")
+        parser.add_argument("--delay", metavar="SECONDS",
+                            help="Defer the messages: they reach the stream this many seconds from now (e.g. 300), "
+                                 "and the scheduled ids are printed.")
+        parser.add_argument("--run-after", metavar="TIME",
+                            help="Defer the messages until this ISO 8601 time with its UTC offset "
+                                 "(e.g. 2030-01-01T09:00:00+01:00 or ...Z); the scheduled ids are printed.")
 
-    def handle(self, *args, stream, payload, key, headers, maxlen, **options):
+    def handle(self, *args, stream, payload, key, headers, maxlen, delay, run_after, **options):
         header_dict = self._parse_headers(headers)
+        when = self._when(delay, run_after)
         try:
             if payload != "-":
-                ids = [publish(stream, self._parse(payload, "the JSON argument"), key=key, headers=header_dict, maxlen=maxlen)]
+                ids = [publish(stream, self._parse(payload, "the JSON argument"), key=key, headers=header_dict, maxlen=maxlen,
+                               run_after=when)]
             else:
                 if key is not None:
                     raise CommandError("--key names a single message; it cannot be used with '-' (many messages).")
-                ids = self._publish_lines(stream, header_dict, maxlen)
+                ids = self._publish_lines(stream, header_dict, maxlen, when)
         except (PublishError, PartitionConfigError) as exc:
             raise CommandError(f"nothing was published: {exc}") from None
         except TRANSIENT_ERRORS as exc:
@@ -40,7 +51,34 @@ class Command(ShoalCommand):
         for entry_id in ids:
             self.stdout.write(entry_id)
 
-    def _publish_lines(self, stream, header_dict, maxlen):
+    def _when(self, delay, run_after):
+        """The run_after of --delay / --run-after (None: publish now)."""
+        if delay is not None and run_after is not None:
+            raise CommandError("give --delay or --run-after, not both.")
+        if delay is not None:
+            try:
+                seconds = float(delay)
+            except ValueError:
+                seconds = None
+            if seconds is None or not math.isfinite(seconds) or seconds < 0:
+                raise CommandError(f"--delay must be a number of seconds, 0 or more, not {delay!r}; nothing was published.")
+            try:
+                return timedelta(seconds=seconds)
+            except OverflowError:
+                raise CommandError(f"--delay {delay} is beyond STREAMS['RUN_AFTER_MAX']; nothing was published.") from None
+        if run_after is not None:
+            try:
+                when = datetime.fromisoformat(run_after)
+            except ValueError:
+                when = None
+            if when is None or when.utcoffset() is None:
+                raise CommandError(f"--run-after must be an ISO 8601 time with its UTC offset, e.g. "
+                                   f"2030-01-01T09:00:00+01:00 or 2030-01-01T08:00:00Z, not {run_after!r}; nothing "
+                                   "was published.")
+            return when
+        return None
+
+    def _publish_lines(self, stream, header_dict, maxlen, when=None):
         """One message per non-blank line of stdin; errors name the line as the input numbers it."""
         # Bytes, decoded here: the locale's decoding would hide bad bytes behind "not valid JSON".
         source = getattr(sys.stdin, "buffer", sys.stdin)
@@ -50,7 +88,8 @@ class Command(ShoalCommand):
             raise CommandError("stdin had no messages; give one JSON document per line.")
         lines = [number for number, _ in numbered]
         try:
-            return publish_many(stream, [payload for _, payload in numbered], headers=header_dict, maxlen=maxlen)
+            return publish_many(stream, [payload for _, payload in numbered], headers=header_dict, maxlen=maxlen,
+                                run_after=when)
         except PartialPublishError as exc:
             raise self._partial(stream, exc, lines) from None
         except PublishError as exc:

@@ -365,7 +365,7 @@ def test_the_reclaim_daemon_moves_a_wide_entry_at_its_limit_and_counts_right(red
 # The README's "Redis ACL" section. Least privilege: the categories Shoal's commands (and its Lua
 # scripts' commands) belong to, nothing dangerous; +@list only for these tests' handlers (RPUSH).
 LEAST_PRIVILEGE = ["on", ">s3cret", "~*", "&*", "-@all", "+@stream", "+@scripting", "+@string", "+@hash",
-                   "+@set", "+@keyspace", "+@pubsub", "+@connection", "+time", "-@dangerous", "+@list"]
+                   "+@set", "+@sortedset", "+@keyspace", "+@pubsub", "+@connection", "+time", "-@dangerous", "+@list"]
 # A common hardened default (managed Redis services restrict similar commands).
 HARDENED_DEFAULT = ["on", ">s3cret", "~*", "&*", "+@all", "-@dangerous"]
 

@@ -4,7 +4,10 @@
 one back after the publish. ``--count N --prefix P --rollback-every K``: N orders P0, P1, ... of
 which every K-th is rolled back (the chaos run). Each message's payload carries the order name and
 ``seq``, the order's position among the messages of the same key (``--keys``, default the name itself).
+``--delay S`` defers every message S seconds (``run_after``).
 """
+from datetime import timedelta
+
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -22,8 +25,10 @@ class Command(BaseCommand):
         parser.add_argument("--count", type=int, default=0)
         parser.add_argument("--prefix", default="o")
         parser.add_argument("--rollback-every", type=int, default=0)
+        parser.add_argument("--delay", type=float, help="Defer each message this many seconds (run_after=).")
 
-    def handle(self, *args, orders, keys, count, prefix, rollback_every, **options):
+    def handle(self, *args, orders, keys, count, prefix, rollback_every, delay, **options):
+        run_after = None if delay is None else timedelta(seconds=delay)
         every = rollback_every
         orders = [*orders, *(f"{prefix}{n}{':rollback' if every and n % every == every - 1 else ''}" for n in range(count))]
         seq = {}
@@ -33,7 +38,7 @@ class Command(BaseCommand):
             seq[key] = seq.get(key, -1) + 1
             with transaction.atomic():
                 Order.objects.create(name=name)
-                publish(STREAM, {"order": name, "seq": seq[key]}, key=key, outbox=True)
+                publish(STREAM, {"order": name, "seq": seq[key]}, key=key, outbox=True, run_after=run_after)
                 if fate == "rollback":
                     transaction.set_rollback(True)
         self.stdout.write(f"wrote {len(orders)} orders")
