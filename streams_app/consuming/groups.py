@@ -29,7 +29,7 @@ def ensure_group(conn, stream, group, start="0"):
         if is_oom(exc) and group_exists(conn, stream, group):
             return False
         if is_wrongtype(exc):
-            kind = key_type(conn, stream)
+            kind = keys.key_type(conn, stream)
             raise StreamTypeError(
                 f"Redis key {stream!r} holds a {kind}, not a stream, so group {group!r} cannot be created "
                 f"on it. Shoal has left the key as it is: rename the stream in @consumer(...) or remove "
@@ -41,7 +41,7 @@ def ensure_group(conn, stream, group, start="0"):
     # Failures end in the dead-letter key: of another type, the first dead-lettering would crash the
     # read loop long after the start. Found here, the start fails as for the stream key (exit 3).
     dead_letters = keys.dead_letter_key(stream)
-    kind = key_type(conn, dead_letters)
+    kind = keys.key_type(conn, dead_letters)
     if kind not in ("stream", "none"):
         raise StreamTypeError(
             f"Redis key {dead_letters!r} (the dead letters of {stream!r}) holds a {kind}, not a stream, so group "
@@ -117,7 +117,3 @@ def delivered_id(conn, stream, group):
             raise
         return None  # no such key
     return next((to_text(g["last-delivered-id"]) for g in groups if to_text(g["name"]) == group), None)
-
-
-def key_type(conn, key):
-    return to_text(conn.type(key))
