@@ -12,6 +12,11 @@ redelivered with XCLAIM by this consumer then. Entries of other consumers are fo
 XPENDING ... IDLE (idle time and delivery count) and claimed only when idle past both the pending
 timeout and their back-off, so a message that kills its worker is not retried in a hot loop.
 At max_deliveries, or at once for undecodable input, an entry is moved to ``{S}:dlq``.
+
+A group destroyed or flushed under the loop is recreated where it stood by the lost-group protocol
+(lost_group.py), which the loop calls at a few named points: when a command says the group is gone
+(``step``), when it makes the group ready (``make_ready``), on every read (``trusted``), and when
+entries it holds are found not pending (keep-alive, retries, dead-letter moves).
 """
 import heapq
 import logging
@@ -34,12 +39,12 @@ from streams_app.connection import TRANSIENT_ERRORS, is_cluster, node_client, re
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.outcomes import Outcome, Status
-from streams_app.consuming.groups import ensure_group, recreate_lost_group
+from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
-from streams_app.keys import dead_letter_key, settling_key
+from streams_app.consuming.lost_group import LostGroupProtocol
+from streams_app.keys import dead_letter_key
 from streams_app.message import Message
-from streams_app.entry_ids import id_key
-from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
+from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds, claimable_idle_ms
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -52,27 +57,10 @@ CHUNK_TARGET_SECONDS = 0.005
 PENDING_PAGE = 200
 # Dead consumers whose entries one claim pass looks at (the rest wait for the next pass).
 DEAD_CONSUMERS_PER_PASS = 10
-# Held entries are kept alive (their idle time reset) this often, as a fraction of the pending
-# timeout, and reads are bounded to what the threads can start within this fraction of it.
-KEEP_ALIVE_FRACTION = 4
 # Entries per keep-alive script run: keeps one run short, so it does not stall other clients.
 KEEP_ALIVE_BATCH = 500
-# A group recreated on a stream that still holds entries is not read for this many keep-alive periods
-# plus blocks (and a second): the time every live consumer needs to find it gone and move it forward.
-LOST_GROUP_SETTLE = 1
 # How long dead-letter moves Redis refused (maxmemory) wait before they are tried again.
 REFUSED_RETRY_SECONDS = 1.0
-
-
-def lost_group_settle_seconds(pending_timeout_ms=None, block_ms=None):
-    """How long a lost group settles: every live consumer of it finds it gone within one keep-alive
-    (busy) or one read (idle). Settings' values unless given."""
-    if pending_timeout_ms is None or block_ms is None:
-        from streams_app.conf import get_settings
-
-        config = get_settings()
-        pending_timeout_ms, block_ms = config["PENDING_TIMEOUT_MS"], config["BLOCK_MS"]
-    return LOST_GROUP_SETTLE * (pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION + block_ms / 1000) + 1.0
 
 
 _str = to_text
@@ -116,11 +104,9 @@ class GroupLoop:
             self.max_chunk = max(1, -(-self.batch // threads))
         self.keep_alive_every = self.pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION
         self.next_keep_alive = 0.0
-        self.last_read_id = None  # where to recreate a group lost while consuming (see _recreate)
-        self.lost = False  # the group vanished while consuming: recreate it with _recreate, not at start
-        self.read_after = 0.0  # a recreated group is not read before then (see _recreate)
-        self.settling = settling_key(self.stream, self.group)
-        self.settle_seconds = lost_group_settle_seconds(self.pending_timeout_ms, self.block_ms)
+        self.last_read_id = None  # where to recreate a group lost while consuming (lost_group.py)
+        self.lost_group = LostGroupProtocol(self)
+        self.settling = self.lost_group.settling  # the marker every read asks about (_ack_and_read)
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
@@ -181,69 +167,7 @@ class GroupLoop:
                 return
             if not is_lost_group(exc):
                 raise
-            self._group_lost(exc)
-
-    def _group_lost(self, exc):
-        """The group vanished under the loop: FLUSHALL/FLUSHDB, DEL of the stream, XGROUP DESTROY, or a
-        Redis restart without persistence. Recreate it where it stood (see ``_recreate``).
-
-        A group destroyed on a stream that still holds its entries would otherwise be recreated at
-        ``start`` ("0"): the whole stream handled again and its poison dead-lettered a second time.
-        What this consumer held is made pending again (``_hold_again``); entries that were pending
-        with a consumer that died are no longer tracked.
-        """
-        self.ready = False
-        self.lost = True
-        if self.last_read_id is None:
-            logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it from %s",
-                           self.consumer, self.group, self.stream, exc, self.spec.start)
-            return
-        logger.error("Consumer %s: group %s on %s vanished while consuming (%s): flushed, deleted or XGROUP "
-                     "DESTROYed. Recreating it where it stood (the last entry this or any other live consumer "
-                     "of it read; this one read up to %s), so nothing is handled twice; what it holds stays "
-                     "pending, entries that were pending with consumers that died are no longer tracked.",
-                     self.consumer, self.group, self.stream, exc, self.last_read_id)
-
-    def _recreate(self, now):
-        """Recreate the lost group where it stood (groups.recreate_lost_group); when the stream still
-        holds entries this consumer may have read, read nothing for ``settle_seconds``: every live
-        consumer of the group finds it gone within that time (an idle one at once: Redis unblocks its
-        read; a busy one at its next keep-alive) and moves it forward to what it read."""
-        start = self.last_read_id or self.spec.start
-        what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start,
-                                           self.settle_seconds * 1000)
-        if settle:
-            # Not before the settling marker lapses either: a read while it lives is taken back.
-            self.read_after = now + max(self.settle_seconds, self.conn.pttl(self.settling) / 1000 + 0.05)
-        self._hold_again()
-        logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream, what, start,
-                       f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
-                       "to what it read" if settle else "")
-
-    def _hold_again(self):
-        """Put what this consumer holds back into the recreated group's pending list (XCLAIM … FORCE,
-        with its delivery count): entries running or queued here, failed ones waiting for their retry,
-        dead-letter moves not yet made. Their acks, retries, moves and (if this process dies) takeover
-        then work as before; only entries held by consumers that died meanwhile stay untracked.
-        Entries no longer in the stream (a flush) are skipped by Redis."""
-        held = {m.id: (m.deliveries, 0) for chunk in list(self.chunks.values()) for m in chunk}
-        # A failed entry is put back idle for as long as it has been since it failed: due here as planned,
-        # and claimable by other consumers no sooner than before the loss (idle for a whole back-off,
-        # it was taken over and run at once elsewhere, and this consumer's retry ran it again).
-        now = self.clock()
-        held.update((entry_id, (deliveries, int(max(0.0, backoff_seconds(deliveries, self.retry_base, self.retry_cap)
-                                                    - max(0.0, due - now)) * 1000)))
-                    for due, entry_id, deliveries in self.retries)
-        held.update((entry_id, (self.max_deliveries, 0)) for entry_id, _, _ in self.to_dead_letter)
-        if not held:
-            return
-        pipe = self.conn.pipeline(transaction=False)
-        for entry_id, (deliveries, idle) in held.items():
-            pipe.xclaim(self.stream, self.group, self.consumer, 0, [entry_id], idle=idle, retrycount=deliveries,
-                        force=True, justid=True)
-        pipe.execute()
-        logger.warning("Consumer %s: %d entries it held are pending again in %s/%s", self.consumer, len(held),
-                       self.stream, self.group)
+            self.lost_group.noticed(exc)
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
@@ -281,20 +205,21 @@ class GroupLoop:
         self.dispatch(self.read_new(capacity, block))
 
     def make_ready(self, now):
-        """Create the group at ``start``, or, once it was lost while consuming, where it stood (_recreate)."""
-        if self.lost:
-            self._recreate(now)
+        """Create the group at ``start``, or, once it was lost while consuming, where it stood (lost_group.py)."""
+        if self.lost_group.lost:
+            self.lost_group.recreate(now)
         elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
             logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream,
                         self.spec.start)
         self.ready = True
 
     def settling_now(self, now):
-        """A lost group settling (see _recreate): finish and ack, read nothing; True while it does."""
-        if now >= self.read_after:
+        """A lost group settling (see lost_group.py): finish and ack, read nothing; True while it does."""
+        read_after = self.lost_group.read_after
+        if now >= read_after:
             return False
         self.flush_acks()
-        self.collect(timeout=min(0.2, self.read_after - now))
+        self.collect(timeout=min(0.2, read_after - now))
         return True
 
     # -- reading ----------------------------------------------------------------------------
@@ -319,20 +244,12 @@ class GroupLoop:
 
     def trusted(self, entries, settling=None):
         """What of a group read may run: nothing when the read is behind this consumer's last read or
-        comes while the group settles (taken back, see _read_back); else all of it, noted as read.
-        ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
-        if not entries:
-            # A group recreated by another consumer at the stream's end hands out nothing to tell this one
-            # so; had it not been blocked in a read at the loss (it was busy then), the failed entries and
-            # dead-letter moves it holds would find themselves not pending once the marker lapsed.
-            if (self.retries or self.to_dead_letter) and (settling is None or settling):  # None: not asked
-                self._recreated_elsewhere()
-            return entries
-        behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
-        if behind or (self.conn.exists(self.settling) if settling is None else settling):
-            self._read_back(entries)
+        comes while the group settles (taken back, see lost_group.takes_back); else all of it, noted as
+        read. ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
+        if self.lost_group.takes_back(entries, settling):
             return []
-        self.last_read_id = entries[-1][0]
+        if entries:
+            self.last_read_id = entries[-1][0]
         return entries
 
     def _ack_and_read(self, count, block_ms):
@@ -355,22 +272,6 @@ class GroupLoop:
         if error is not None:
             raise error  # NOGROUP, UNBLOCKED...: step() handles them as for a plain command
         return replies[-2], replies[-1]
-
-    def _read_back(self, entries):
-        """A read handed out ids at or below this consumer's own last read: a group lives on ``>`` in
-        id order, so it was lost and another consumer recreated it further back before this one
-        noticed (its keep-alive had not run yet). Nothing of the read runs: lua/take_back_read.lua
-        takes it back, and the loop treats the group as lost (moves it forward to its own last read,
-        settles, puts back what it holds), as if it had seen NOGROUP."""
-        ids = [entry_id for entry_id, _, _ in entries]
-        what, kept = scripts.run(self.conn, "take_back_read", [self.stream, self.settling],
-                                 [self.group, self.consumer, self.last_read_id or "0-0", *ids])
-        logger.error("Consumer %s: group %s on %s read back %d entries from %s, at or below what this consumer "
-                     "had already read (%s) or while the group settles: the group was lost and recreated. None "
-                     "of them runs here (%s%s).", self.consumer, self.group, self.stream, len(ids), ids[0], self.last_read_id,
-                     "read undone" if to_text(what) == "undone" else to_text(what),
-                     f"; {kept} entries above {self.last_read_id} stay pending to be taken over" if kept else "")
-        self._group_lost(f"read back {ids[0]}")
 
     def _time_room(self):
         """How many more entries the threads can start within a fraction of the pending timeout.
@@ -419,7 +320,7 @@ class GroupLoop:
         # running entries simply are not pending any more. Unnoticed past the settling time, the
         # recreated group would hand them out again while they run here.
         if kept < len(messages):
-            self._recreated_elsewhere()
+            self.lost_group.recreated_elsewhere()
 
     def take_over(self, capacity, now):
         """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
@@ -505,33 +406,22 @@ class GroupLoop:
         try:
             replies = pipe.execute()
         except BaseException:
-            # Still due (a lost connection, or a lost group that _hold_again makes pending again).
+            # Still due (a lost connection, or a lost group whose recreation makes them pending again).
             for entry_id, deliveries in due:
                 heapq.heappush(self.retries, (now, entry_id, deliveries))
             raise
         entries, missing = [], []
         for (entry_id, deliveries), claimed in zip(due, replies):
             # Deleted from the stream: Redis drops it from the PEL and returns nothing. So it does when
-            # another consumer claimed it meanwhile, or recreated the lost group (see _recreated_elsewhere).
+            # another consumer claimed it meanwhile, or recreated the lost group (see lost_group.recreated_elsewhere).
             got = [(_str(i), f, deliveries + 1) for i, f in claimed if f]
             if not got:
                 missing.append((now, entry_id, deliveries))
             entries.extend(got)
-        if missing and self._recreated_elsewhere():
+        if missing and self.lost_group.recreated_elsewhere():
             for retry in missing:
-                heapq.heappush(self.retries, retry)  # _hold_again puts them back, due as planned
+                heapq.heappush(self.retries, retry)  # the recreation puts them back, due as planned
         return entries
-
-    def _recreated_elsewhere(self):
-        """Entries held here are no longer pending in the group: acked or taken by another consumer, or
-        the group was lost and another one recreated it before this one noticed. A busy consumer does not
-        notice: its keep-alive and moves find a group, and it does not read. While the settling marker
-        lives it is the latter, unless this consumer already handled that loss (it reads nothing until
-        the marker lapses): handle it now, as if NOGROUP had come. True then."""
-        if self.clock() < self.read_after or not self.conn.exists(self.settling):
-            return False
-        self._group_lost("entries it held were no longer pending in it: another consumer recreated it first")
-        return True
 
     def _claim_abandoned(self, room, now):
         """Claim entries of other consumers idle past the pending timeout and their back-off.
@@ -711,8 +601,8 @@ class GroupLoop:
                            self.stream, self.group, dead_letter_key(self.stream))
         self.errors = []
         refused = {entry_id for entry_id, _ in result.refused}
-        # Kept: what Redis refused, and what the group lost (then _hold_again puts them back to be moved).
-        kept = refused | (set(result.not_pending) if result.not_pending and self._recreated_elsewhere() else set())
+        # Kept: what Redis refused, and what the group lost (then the recreation puts them back to be moved).
+        kept = refused | (set(result.not_pending) if result.not_pending and self.lost_group.recreated_elsewhere() else set())
         self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in kept]
         if refused:
             self.moves_due = self.clock() + REFUSED_RETRY_SECONDS
@@ -776,7 +666,7 @@ class GroupLoop:
         try:
             self.flush_acks()
             self.flush_failures()
-            if not self.ready and self.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
+            if not self.ready and self.lost_group.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
                 self.make_ready(self.clock())  # puts the moves back in the group, to be made now
                 self.flush_failures()
             return True
