@@ -30,7 +30,7 @@ from shoal_common.text import to_text
 from streams_app.consuming import refusals
 from streams_app.entry_ids import id_key, next_id
 from streams_app.registry import registered
-from streams_app.supervisor.lag import backlog
+from streams_app.lag import backlog
 
 logger = logging.getLogger("streams_app.reclaim")
 

@@ -148,7 +148,7 @@ def _declared_partitions():
 
 def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem):
     from streams_app.models import ConsumerGroup, Stream
-    from streams_app.supervisor.lag import backlog
+    from streams_app.lag import backlog
 
     stream_info, groups = info
     stale, alive = counts

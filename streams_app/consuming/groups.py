@@ -3,10 +3,10 @@ the lost-group protocol (lost_group.settle_recreated)."""
 import redis
 
 from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
-from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.consuming.lost_group import settle_recreated
 from streams_app.exceptions import StreamTypeError
+from streams_app.lag import group_exists
 
 
 def ensure_group(conn, stream, group, start="0"):
@@ -55,18 +55,3 @@ def _remember(conn, stream, group):
         if is_oom(exc):  # at maxmemory: nothing is known, nothing is settled
             return True
         raise
-
-
-def group_exists(conn, stream, group):
-    return delivered_id(conn, stream, group) is not None  # every group has one ("0-0" when new)
-
-
-def delivered_id(conn, stream, group):
-    """The group's last-delivered-id: everything up to it was read by some consumer (None: no such group)."""
-    try:
-        groups = conn.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if is_wrongtype(exc):
-            raise
-        return None  # no such key
-    return next((to_text(g["last-delivered-id"]) for g in groups if to_text(g["name"]) == group), None)

@@ -28,13 +28,13 @@ from django.db import close_old_connections
 
 from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
 from streams_app.consuming.chunks import _checked as checked_call  # the same "did it run" check
-from streams_app.consuming.groups import delivered_id
 from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.outcomes import ChunkResult
 from streams_app.consuming.retry import backoff_seconds
 from streams_app.deadletters import store as deadletters
 from streams_app.entry_ids import id_key
+from streams_app.lag import delivered_id
 
 logger = logging.getLogger("streams_app.consumer")
 
