@@ -36,8 +36,10 @@ test-matrix: deps system-deps
 	@start=$$(date +%s); $(VENV)/bin/nox; status=$$?; \
 	  echo "make test-matrix: the version matrix took $$(( $$(date +%s) - start )) s"; exit $$status
 
+# lint-imports: the import contracts of .importlinter (layers, no cycles; docs/development.md).
 lint: deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # The STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
 docs: deps

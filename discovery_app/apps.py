@@ -22,6 +22,6 @@ class DiscoveryConfig(AppConfig):
 
 
 def invalidate_from_broadcast(data):
-    from discovery_app.client import invalidate
+    from discovery_app.hub import invalidate
 
     invalidate((data or {}).get("service"))

@@ -6,7 +6,7 @@ ones (heartbeat younger than HEALTHY_FACTOR x TTL) -> those whose circuit breake
 With Redis unreachable it serves the last instances it saw (stale-if-error); with none
 registered it uses the FALLBACKS from settings.
 
-Clients share one change-event listener per process and Redis server (``_Hub``), which holds them
+Clients share one change-event listener per process and Redis server (``hub._Hub``), which holds them
 only weakly: a dropped client is collected with nothing left behind. Still, make one client per
 process and share it: each new client starts with an empty cache and fresh breakers.
 """
@@ -14,30 +14,26 @@ import asyncio
 import fnmatch
 import functools
 import logging
-import os
 import threading
 import time
-import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from discovery_app import keys
+from discovery_app import hub as hubs
 from discovery_app.balancers import key_of, make_strategy
 from discovery_app.breaker import Breakers
+from discovery_app.calls import Call, is_instance_failure
 from discovery_app.conf import get_settings
-from discovery_app.connection import TRANSIENT_ERRORS, is_cluster
+from discovery_app.connection import TRANSIENT_ERRORS
 from discovery_app.exceptions import ClientClosed, ServiceNotAvailable
 from discovery_app.fallbacks import fallback_instances
-from discovery_app.listener import ChangeListener
 from discovery_app.registry import ServiceRegistry
 from shoal_common.backoff import backoff_delay
-from shoal_common.redisconn import dedicated_connection
 
 logger = logging.getLogger("discovery_app.client")
 
 _UNSET = object()
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
 @dataclass
@@ -63,30 +59,8 @@ class _Entry:
         return instance.is_fallback or server_now - self.last_heartbeat(instance) < factor * instance.ttl
 
 
-SWEEP_PERIOD = 1.0
-"""Seconds between expiry sweeps (one process sweeps per period; see ServiceRegistry.sweep)."""
-
 MANY_CLIENTS = 100
 """Clients created in one process past which a warning says to share one (one per request is a bug)."""
-
-
-def is_instance_failure(exc):
-    """Does ``exc``, escaping a call, say the instance misbehaved (and not the caller)?
-
-    Connection errors and timeouts (OSErrors) do, and so do a broken or undecodable body. requests'
-    other errors are OSErrors too but the caller's own (InvalidHeader, InvalidURL, MissingSchema,
-    TooManyRedirects...): they must not eject a healthy instance.
-    """
-    if not isinstance(exc, OSError):
-        return False
-    try:
-        import requests
-    except ImportError:  # pragma: no cover - requests is a dependency, but track() does not need it
-        return True
-    if isinstance(exc, requests.RequestException):
-        return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                                requests.exceptions.ContentDecodingError))
-    return True
 
 
 @dataclass
@@ -103,146 +77,7 @@ class _Plan:
     healthy_until: float = float("inf")  # Redis server time when the first candidate turns unhealthy
 
 
-class Call:
-    """One call in flight to ``instance``: ``fail()`` when it misbehaved without raising (a 5xx);
-    ``finish()`` ends it once (later calls do nothing)."""
-
-    def __init__(self, client, instance):
-        self.client = client
-        self.instance = instance
-        self.started = client.clock()
-        self.failed = False
-        self._done = False
-
-    def fail(self):
-        self.failed = True
-
-    def finish(self, ok=True):
-        """Leave the in-flight count; report ``ok and not failed`` to the breaker (None: report nothing)."""
-        client, key = self.client, key_of(self.instance)
-        with client._lock:
-            if self._done:
-                return
-            self._done = True
-            client._inflight[key] -= 1
-            if not client._inflight[key]:
-                del client._inflight[key]
-        if ok is not None:
-            client.report(self.instance, ok=ok and not self.failed, started=self.started)
-
-
-# Every client of this process, so that a broadcast ("discovery.invalidate") reaches them all.
-_clients = weakref.WeakSet()
 _created = 0
-
-
-def invalidate(service=None):
-    """Drop ``service`` (None: everything) from the cache of every DiscoveryClient in this process."""
-    for client in list(_clients):
-        client.invalidate(service)
-
-
-class _Hub:
-    """The change-event listener of one Redis server, shared by this process's clients of it.
-
-    Holds its clients weakly; its thread ends when the last one is closed or collected.
-    """
-
-    def __init__(self, key, connect, backoff_max):
-        self.key = key
-        self.clients = weakref.WeakSet()
-        self.connect = connect
-        self._sweeper = None  # a registry on a connection of the listener thread's own
-        self._next_sweep = 0.0
-        self.listener = ChangeListener(keys.events_channel(), connect, self._event, self._reconnect,
-                                       backoff_max, idle=self._idle, tick=self._sweep)
-
-    def _sweep(self):
-        # Expiries are noticed when someone touches a service; the sweep makes them on time (within
-        # about a second), in one process per second across the deployment (see registry.sweep).
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + SWEEP_PERIOD
-        try:
-            if self._sweeper is None:
-                self._sweeper = ServiceRegistry(self.connect())
-            self._sweeper.sweep(SWEEP_PERIOD)
-        except TRANSIENT_ERRORS as exc:
-            logger.debug("Discovery: expiry sweep skipped (%s)", exc)
-
-    def _members(self):
-        with _hubs_lock:
-            return list(self.clients)
-
-    def _event(self, service):
-        for client in self._members():
-            client.invalidate(service)
-
-    def _reconnect(self):
-        for client in self._members():
-            client.invalidate(None)
-
-    def _idle(self):
-        with _hubs_lock:
-            if self.clients:
-                return False
-            if _hubs.get(self.key) is self:
-                del _hubs[self.key]  # the next client starts a new hub
-            return True
-
-
-_hubs: dict[tuple, _Hub] = {}
-_hubs_lock = threading.Lock()
-
-
-def _hub_for(client):
-    """Join ``client`` to the hub of its Redis server, starting one if needed."""
-    conn = client.registry.connection
-    if is_cluster(conn):
-        # One hub per cluster (a PUBLISH reaches every node's subscribers), on a cluster client of
-        # its own with the registry's short timeouts (the sweep's scripts need the slot routing).
-        key = ("cluster", tuple(sorted(node.name for node in conn.get_nodes())),
-               conn.get_connection_kwargs().get("username"), keys.events_channel())
-    else:
-        pool = conn.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        key = (pool.connection_class, kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
-               kwargs.get("db"), kwargs.get("username"), keys.events_channel())
-    with _hubs_lock:
-        hub = _hubs.get(key)
-        if hub is None or not hub.listener.alive:
-            if is_cluster(conn):
-                def connect():  # connections of its own, made in the listener's thread; no DiscoveryClient held
-                    return dedicated_connection(conn)
-            else:
-                pool_class, connection_class = type(pool), pool.connection_class
-
-                def connect():  # a pool of its own, made in the listener's thread; no reference to a client
-                    import redis
-
-                    return redis.Redis(connection_pool=pool_class(connection_class=connection_class, **kwargs))
-
-            hub = _hubs[key] = _Hub(key, connect, client.backoff_max)
-            hub.clients.add(client)
-            hub.listener.start()
-        else:
-            hub.clients.add(client)
-    return hub
-
-
-def _after_fork_in_child():
-    # The child has only the forking thread. A lock another thread held at the fork stays held
-    # for ever in the child, and the parent's listener threads, sockets and calls in flight are
-    # not the child's: start every client of this process afresh (their caches stay).
-    global _hubs_lock
-    _hubs_lock = threading.Lock()
-    _hubs.clear()
-    for client in list(_clients):
-        client._reset_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DiscoveryClient:
@@ -286,7 +121,7 @@ class DiscoveryClient:
         self._http = threading.local()
         self._invalidations = defaultdict(int)  # per service: bumped by invalidate(), see _entry
         self._all_invalidations = 0
-        _clients.add(self)
+        hubs.all_clients.add(self)
         _count_creation()
 
     def __enter__(self):
@@ -467,8 +302,7 @@ class DiscoveryClient:
         self._closed = True
         hub, self._hub = self._hub, None
         if hub is not None:
-            with _hubs_lock:
-                hub.clients.discard(self)
+            hubs.leave(hub, self)
         session = getattr(self._http, "session", None)
         if session is not None:
             session.close()
@@ -487,7 +321,7 @@ class DiscoveryClient:
             with self._lock:
                 if self._hub is None or not self._hub.listener.alive:
                     try:
-                        self._hub = _hub_for(self)
+                        self._hub = hubs.hub_for(self)
                     except TRANSIENT_ERRORS as exc:
                         # Joining a hub asks Redis whether it is a cluster. Down, the call goes on as
                         # without LISTEN (stale answers, FALLBACKS, ServiceNotAvailable naming the

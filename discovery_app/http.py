@@ -23,7 +23,7 @@ import requests
 import urllib3
 
 from discovery_app.balancers import key_of
-from discovery_app.client import IDEMPOTENT_METHODS, is_instance_failure
+from discovery_app.calls import IDEMPOTENT_METHODS, is_instance_failure
 
 logger = logging.getLogger("discovery_app.client")
 

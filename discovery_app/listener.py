@@ -1,7 +1,7 @@
 """Change events (pub/sub) that tell a DiscoveryClient to drop a service's cache entry at once.
 
 One daemon thread per process and Redis server, shared by every DiscoveryClient there (see
-client._Hub), with a connection of its own made in that thread (shoal_common.pubsub.Subscriber). It
+hub._Hub), with a connection of its own made in that thread (shoal_common.pubsub.Subscriber). It
 holds no reference to any client, so dropped clients are collected; it ends once ``idle()`` says
 nobody listens any more. When the subscription breaks, events may have been missed: every client is
 told to drop every entry once it is back (``on_reconnect``).

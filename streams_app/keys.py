@@ -3,10 +3,17 @@
 They embed the stream name as a hash tag, ``{orders}:dlq``, so that on Redis Cluster every key of
 one stream lives in the stream's slot and multi-key scripts keep working.
 """
+from shoal_common.text import to_text
 
 
 def hash_tag(stream):
     return "{" + stream + "}"
+
+
+def key_type(conn, key):
+    """What ``key`` holds on the server ("stream"; "none" when missing): a key of another type is
+    reported to the user and left alone, never written over."""
+    return to_text(conn.type(key))
 
 
 def stream_key(stream):

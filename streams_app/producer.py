@@ -13,40 +13,11 @@ from shoal_common.text import to_text
 from streams_app.connection import (
     TRANSIENT_ERRORS, get_connection, is_cluster, node_client, recover, slot_pipeline,
 )
-from streams_app.consuming.groups import key_type
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
+from streams_app.keys import key_type
+from streams_app.names import utf8_size, validate_stream_name
 
 _PIPELINE_CHUNK = 1000
-
-
-# Names already found valid: a service publishes to a few streams, over and over (bounded all the same).
-_valid_names = set()
-_MOST_VALID_NAMES = 10_000
-
-
-def validate_stream_name(stream):
-    if type(stream) is str and stream in _valid_names:
-        return stream
-    if not isinstance(stream, str) or not stream.strip():
-        raise PublishError(f"stream name must be a non-empty string, not {stream!r}")
-    if "{" in stream or "}" in stream:
-        # Shoal wraps the name in {} to pin its keys to one cluster slot; braces inside would break that.
-        raise PublishError(f"stream name {stream!r} must not contain '{{' or '}}'")
-    _utf8_size(stream, "stream name")  # a Redis key is bytes: a lone surrogate has none
-    if type(stream) is str:
-        if len(_valid_names) >= _MOST_VALID_NAMES:
-            _valid_names.clear()
-        _valid_names.add(stream)
-    return stream
-
-
-def _utf8_size(text, what):
-    """Bytes of ``text`` in UTF-8; a lone surrogate (e.g. from "\\ud800" in JSON) cannot be stored."""
-    try:
-        return len(text.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise PublishError(f"{what} is not valid Unicode: it holds a lone surrogate {text[exc.start]!r} "
-                           f"at position {exc.start}, which UTF-8 cannot encode") from None
 
 
 def _to_json(value, what):  # what: "headers are"
@@ -73,7 +44,7 @@ def encode_payload(payload, codec=None, limit=None):
     if size > limit:
         raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
     if types is not None:
-        size += _utf8_size(types, "payload types")
+        size += utf8_size(types, "payload types")
     return body, types, size
 
 
@@ -112,7 +83,7 @@ class _MessageEncoder:
             if not isinstance(key, str) or not key:
                 raise PublishError(f"key must be a non-empty string, not {key!r}")
             fields["key"] = key
-            size += _utf8_size(key, "key")
+            size += utf8_size(key, "key")
         if self.headers:
             if self._headers_json is None:
                 self._encode_headers()
@@ -128,7 +99,7 @@ class _MessageEncoder:
         if not isinstance(self.headers, dict):
             raise PublishError(f"headers must be a dict, not {type(self.headers).__name__}")
         text = _to_json(self.headers, "headers are")
-        self._headers_size = _utf8_size(text, "headers")
+        self._headers_size = utf8_size(text, "headers")
         self._headers_json = text
 
 

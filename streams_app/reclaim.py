@@ -30,10 +30,9 @@ from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from shoal_common.redis_errors import is_missing, is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming import refusals
-from streams_app.consuming.groups import key_type
 from streams_app.entry_ids import id_key, next_id
 from streams_app.registry import registered
-from streams_app.supervisor.lag import backlog
+from streams_app.lag import backlog
 
 logger = logging.getLogger("streams_app.reclaim")
 
@@ -169,7 +168,7 @@ class Reclaimer:
         """A group (or stream) Redis refuses, e.g. its key holds a string: skipped, logged once, reported."""
         if is_wrongtype(exc):
             # The stream or its dead-letter key: name the one that is not a stream, not the other.
-            kinds = {key: key_type(self.conn, key) for key in (stream, keys.dead_letter_key(stream))}
+            kinds = {key: keys.key_type(self.conn, key) for key in (stream, keys.dead_letter_key(stream))}
             wrong = [f"Redis key {key!r} holds a {kind}" for key, kind in kinds.items() if kind not in ("stream", "none")]
             problem = (f"{name}: {' and '.join(wrong or [f'Redis key {stream!r} holds a {kinds[stream]}'])}, not a "
                        "stream; skipped (Shoal leaves the key as it is)")

@@ -10,7 +10,7 @@ from asgiref.sync import iscoroutinefunction
 
 from streams_app import partitions
 from streams_app.exceptions import ConsumerConfigError, PublishError
-from streams_app.producer import validate_stream_name
+from streams_app.names import validate_stream_name
 
 _START_CHOICES = ("0", "$")
 IDEMPOTENT_CHOICES = (None, "redis", "db")

@@ -330,8 +330,11 @@ class Mover:
     next interval (the read loops report outages), and a stream key of another type is logged once.
     """
 
-    def __init__(self, streams, *, config=None, clock=time.monotonic, name="", conn=None):
+    def __init__(self, streams, *, config=None, clock=time.monotonic, name="", conn=None, refused=None):
         config = config or get_settings()
+        # A move refused at maxmemory goes to ``refused(what, problem)``: a consumer process passes its
+        # refusal bookkeeping (consuming.refusals: said once per outage, counted in the metrics).
+        self.refused = refused
         self.poll = config["SCHEDULED_POLL_INTERVAL"]
         self.batch = config["SCHEDULED_BATCH"]
         self.clock = clock
@@ -405,10 +408,8 @@ class Mover:
         return result.moved
 
     def _report(self, stream, problem, oom):
-        if oom:
-            from streams_app.consuming import refusals
-
-            refusals.refused("scheduled", problem)
+        if oom and self.refused is not None:
+            self.refused("scheduled", problem)
             return
         if self._reported.get(stream) != problem:
             self._reported[stream] = problem

@@ -155,7 +155,7 @@ def _declared_partitions():
 
 def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem, scheduled=0):
     from streams_app.models import ConsumerGroup, Stream
-    from streams_app.supervisor.lag import backlog
+    from streams_app.lag import backlog
 
     stream_info, groups = info
     stale, alive = counts

@@ -23,7 +23,7 @@ from streams_app.admin import pending
 from streams_app.admin import views as admin_views
 
 from streams_app.admin import mirror
-from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, redis_unreachable_is_a_message
+from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, pretty_json, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
 from streams_app.admin.consumers import group_consumers
@@ -468,10 +468,3 @@ def _report(model_admin, request, done, gone, verb):
             "someone else meanwhile. Nothing was done to them.",
             messages.WARNING,
         )
-
-
-def pretty_json(text):
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except (TypeError, ValueError):
-        return text

@@ -1,4 +1,6 @@
 """streams_app's admin helpers: the shared ones (shoal_common.admin) and entry-id checks of its own."""
+import json
+
 from django.http import Http404
 
 from shoal_common.admin import (  # noqa: F401  (re-exported for the streams admin modules)
@@ -16,3 +18,11 @@ def check_entry_ids(ids):
     if not ids or not all(is_entry_id(i) for i in ids):
         raise Http404("malformed or missing entry ids")
     return ids
+
+
+def pretty_json(text):
+    """JSON text indented for a page (keys sorted); text that is not JSON as it is."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return text

@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from streams_app.admin import mirror
-from streams_app.admin.support import confirmation, log_actions
+from streams_app.admin.support import confirmation, log_actions, pretty_json
 from streams_app.connection import web_connection
 from streams_app.exceptions import PublishError, ReplayError
 from streams_app.producer import encode_payload
@@ -46,8 +46,6 @@ def replay_edited(model_admin, request, object_id):
     types_text = request.POST.get("payload_types", "") if request.method == "POST" else None
     error = ""
     if text is None:
-        from streams_app.admin.model_admins import pretty_json
-
         text = pretty_json(letter.payload)
         types_text = pretty_json(letter.fields.get("payload_types", ""))
     else:

@@ -2,16 +2,21 @@
 
 One pass of the loop is ``tick()``: collect finished handlers, ack them in one XACK, record
 failures (last errors, dead-letter moves) in one pipeline, then either take over entries (this
-consumer's own failed ones whose back-off has passed, and entries abandoned by other consumers)
-or read new entries (XREADGROUP ``>``), and hand them to the handler threads. Reads are sized by
-free handler slots, so a worker never hoards entries it cannot start soon: hoarded entries would
-look abandoned to other consumers after the pending timeout and be handled twice.
+consumer's own failed ones whose back-off has passed, and entries abandoned by other consumers:
+takeover.py) or read new entries (XREADGROUP ``>``), and hand them to the handler threads. Reads
+are sized by free handler slots, so a worker never hoards entries it cannot start soon: hoarded
+entries would look abandoned to other consumers after the pending timeout and be handled twice.
 
 Retries: a failed entry stays pending and goes on a heap keyed by when its back-off ends; it is
 redelivered with XCLAIM by this consumer then. Entries of other consumers are found with
 XPENDING ... IDLE (idle time and delivery count) and claimed only when idle past both the pending
 timeout and their back-off, so a message that kills its worker is not retried in a hot loop.
 At max_deliveries, or at once for undecodable input, an entry is moved to ``{S}:dlq``.
+
+A group destroyed or flushed under the loop is recreated where it stood by the lost-group protocol
+(lost_group.py), which the loop calls at a few named points: when a command says the group is gone
+(``step``), when it makes the group ready (``make_ready``), on every read (``trusted``), and when
+entries it holds are found not pending (keep-alive, retries, dead-letter moves).
 """
 import heapq
 import logging
@@ -21,25 +26,22 @@ import time
 import redis
 
 from shoal_common.backoff import backoff_delay
+from shoal_common.redis_errors import is_lost_group, is_oom, is_unblocked
 from shoal_common.text import to_text
 from streams_app import scripts
-
-from streams_app.deadletters import store as deadletters
-
-from streams_app.consuming import liveness
-
-from streams_app.metrics import consumer as metrics
-from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom, is_unblocked
-from streams_app.connection import TRANSIENT_ERRORS, is_cluster, node_client, recover, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
-from streams_app.consuming.outcomes import Outcome, Status
-from streams_app.consuming.groups import ensure_group, recreate_lost_group
+from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
-from streams_app.keys import dead_letter_key, settling_key
+from streams_app.consuming.lost_group import LostGroupProtocol
+from streams_app.consuming.outcomes import Outcome, Status
+from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
+from streams_app.consuming.takeover import TakeOver
+from streams_app.deadletters import store as deadletters
+from streams_app.keys import dead_letter_key
 from streams_app.message import Message
-from streams_app.entry_ids import id_key
-from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
+from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -48,37 +50,16 @@ BUSY_BLOCK_MS = 50
 # Aim for chunks of about this much handler time: big enough to amortise the hand-off to a
 # thread for fast handlers, one message at a time for slow ones.
 CHUNK_TARGET_SECONDS = 0.005
-# Pending entries looked at per XPENDING page while searching for abandoned ones.
-PENDING_PAGE = 200
-# Dead consumers whose entries one claim pass looks at (the rest wait for the next pass).
-DEAD_CONSUMERS_PER_PASS = 10
-# Held entries are kept alive (their idle time reset) this often, as a fraction of the pending
-# timeout, and reads are bounded to what the threads can start within this fraction of it.
-KEEP_ALIVE_FRACTION = 4
 # Entries per keep-alive script run: keeps one run short, so it does not stall other clients.
 KEEP_ALIVE_BATCH = 500
-# A group recreated on a stream that still holds entries is not read for this many keep-alive periods
-# plus blocks (and a second): the time every live consumer needs to find it gone and move it forward.
-LOST_GROUP_SETTLE = 1
 # How long dead-letter moves Redis refused (maxmemory) wait before they are tried again.
 REFUSED_RETRY_SECONDS = 1.0
-
-
-def lost_group_settle_seconds(pending_timeout_ms=None, block_ms=None):
-    """How long a lost group settles: every live consumer of it finds it gone within one keep-alive
-    (busy) or one read (idle). Settings' values unless given."""
-    if pending_timeout_ms is None or block_ms is None:
-        from streams_app.conf import get_settings
-
-        config = get_settings()
-        pending_timeout_ms, block_ms = config["PENDING_TIMEOUT_MS"], config["BLOCK_MS"]
-    return LOST_GROUP_SETTLE * (pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION + block_ms / 1000) + 1.0
 
 
 _str = to_text
 
 
-class GroupLoop:
+class GroupLoop(TakeOver):
     def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
                  concurrency=None):
         self.spec = spec
@@ -116,11 +97,9 @@ class GroupLoop:
             self.max_chunk = max(1, -(-self.batch // threads))
         self.keep_alive_every = self.pending_timeout_ms / 1000 / KEEP_ALIVE_FRACTION
         self.next_keep_alive = 0.0
-        self.last_read_id = None  # where to recreate a group lost while consuming (see _recreate)
-        self.lost = False  # the group vanished while consuming: recreate it with _recreate, not at start
-        self.read_after = 0.0  # a recreated group is not read before then (see _recreate)
-        self.settling = settling_key(self.stream, self.group)
-        self.settle_seconds = lost_group_settle_seconds(self.pending_timeout_ms, self.block_ms)
+        self.last_read_id = None  # where to recreate a group lost while consuming (lost_group.py)
+        self.lost_group = LostGroupProtocol(self)
+        self.settling = self.lost_group.settling  # the marker every read asks about (_ack_and_read)
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
@@ -181,69 +160,7 @@ class GroupLoop:
                 return
             if not is_lost_group(exc):
                 raise
-            self._group_lost(exc)
-
-    def _group_lost(self, exc):
-        """The group vanished under the loop: FLUSHALL/FLUSHDB, DEL of the stream, XGROUP DESTROY, or a
-        Redis restart without persistence. Recreate it where it stood (see ``_recreate``).
-
-        A group destroyed on a stream that still holds its entries would otherwise be recreated at
-        ``start`` ("0"): the whole stream handled again and its poison dead-lettered a second time.
-        What this consumer held is made pending again (``_hold_again``); entries that were pending
-        with a consumer that died are no longer tracked.
-        """
-        self.ready = False
-        self.lost = True
-        if self.last_read_id is None:
-            logger.warning("Consumer %s: group %s on %s is gone (%s); recreating it from %s",
-                           self.consumer, self.group, self.stream, exc, self.spec.start)
-            return
-        logger.error("Consumer %s: group %s on %s vanished while consuming (%s): flushed, deleted or XGROUP "
-                     "DESTROYed. Recreating it where it stood (the last entry this or any other live consumer "
-                     "of it read; this one read up to %s), so nothing is handled twice; what it holds stays "
-                     "pending, entries that were pending with consumers that died are no longer tracked.",
-                     self.consumer, self.group, self.stream, exc, self.last_read_id)
-
-    def _recreate(self, now):
-        """Recreate the lost group where it stood (groups.recreate_lost_group); when the stream still
-        holds entries this consumer may have read, read nothing for ``settle_seconds``: every live
-        consumer of the group finds it gone within that time (an idle one at once: Redis unblocks its
-        read; a busy one at its next keep-alive) and moves it forward to what it read."""
-        start = self.last_read_id or self.spec.start
-        what, settle = recreate_lost_group(self.conn, self.stream, self.group, self.last_read_id, self.spec.start,
-                                           self.settle_seconds * 1000)
-        if settle:
-            # Not before the settling marker lapses either: a read while it lives is taken back.
-            self.read_after = now + max(self.settle_seconds, self.conn.pttl(self.settling) / 1000 + 0.05)
-        self._hold_again()
-        logger.warning("Consumer %s: group %s on %s %s at %s%s", self.consumer, self.group, self.stream, what, start,
-                       f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
-                       "to what it read" if settle else "")
-
-    def _hold_again(self):
-        """Put what this consumer holds back into the recreated group's pending list (XCLAIM … FORCE,
-        with its delivery count): entries running or queued here, failed ones waiting for their retry,
-        dead-letter moves not yet made. Their acks, retries, moves and (if this process dies) takeover
-        then work as before; only entries held by consumers that died meanwhile stay untracked.
-        Entries no longer in the stream (a flush) are skipped by Redis."""
-        held = {m.id: (m.deliveries, 0) for chunk in list(self.chunks.values()) for m in chunk}
-        # A failed entry is put back idle for as long as it has been since it failed: due here as planned,
-        # and claimable by other consumers no sooner than before the loss (idle for a whole back-off,
-        # it was taken over and run at once elsewhere, and this consumer's retry ran it again).
-        now = self.clock()
-        held.update((entry_id, (deliveries, int(max(0.0, backoff_seconds(deliveries, self.retry_base, self.retry_cap)
-                                                    - max(0.0, due - now)) * 1000)))
-                    for due, entry_id, deliveries in self.retries)
-        held.update((entry_id, (self.max_deliveries, 0)) for entry_id, _, _ in self.to_dead_letter)
-        if not held:
-            return
-        pipe = self.conn.pipeline(transaction=False)
-        for entry_id, (deliveries, idle) in held.items():
-            pipe.xclaim(self.stream, self.group, self.consumer, 0, [entry_id], idle=idle, retrycount=deliveries,
-                        force=True, justid=True)
-        pipe.execute()
-        logger.warning("Consumer %s: %d entries it held are pending again in %s/%s", self.consumer, len(held),
-                       self.stream, self.group)
+            self.lost_group.noticed(exc)
 
     def tick(self, now=None):
         now = self.clock() if now is None else now
@@ -281,20 +198,21 @@ class GroupLoop:
         self.dispatch(self.read_new(capacity, block))
 
     def make_ready(self, now):
-        """Create the group at ``start``, or, once it was lost while consuming, where it stood (_recreate)."""
-        if self.lost:
-            self._recreate(now)
+        """Create the group at ``start``, or, once it was lost while consuming, where it stood (lost_group.py)."""
+        if self.lost_group.lost:
+            self.lost_group.recreate(now)
         elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
             logger.info("Consumer %s: created group %s on %s at %s", self.consumer, self.group, self.stream,
                         self.spec.start)
         self.ready = True
 
     def settling_now(self, now):
-        """A lost group settling (see _recreate): finish and ack, read nothing; True while it does."""
-        if now >= self.read_after:
+        """A lost group settling (see lost_group.py): finish and ack, read nothing; True while it does."""
+        read_after = self.lost_group.read_after
+        if now >= read_after:
             return False
         self.flush_acks()
-        self.collect(timeout=min(0.2, self.read_after - now))
+        self.collect(timeout=min(0.2, read_after - now))
         return True
 
     # -- reading ----------------------------------------------------------------------------
@@ -319,20 +237,12 @@ class GroupLoop:
 
     def trusted(self, entries, settling=None):
         """What of a group read may run: nothing when the read is behind this consumer's last read or
-        comes while the group settles (taken back, see _read_back); else all of it, noted as read.
-        ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
-        if not entries:
-            # A group recreated by another consumer at the stream's end hands out nothing to tell this one
-            # so; had it not been blocked in a read at the loss (it was busy then), the failed entries and
-            # dead-letter moves it holds would find themselves not pending once the marker lapsed.
-            if (self.retries or self.to_dead_letter) and (settling is None or settling):  # None: not asked
-                self._recreated_elsewhere()
-            return entries
-        behind = self.last_read_id is not None and id_key(entries[0][0]) <= id_key(self.last_read_id)
-        if behind or (self.conn.exists(self.settling) if settling is None else settling):
-            self._read_back(entries)
+        comes while the group settles (taken back, see lost_group.takes_back); else all of it, noted as
+        read. ``settling``: whether the marker existed right after the read, when that read asked (else None)."""
+        if self.lost_group.takes_back(entries, settling):
             return []
-        self.last_read_id = entries[-1][0]
+        if entries:
+            self.last_read_id = entries[-1][0]
         return entries
 
     def _ack_and_read(self, count, block_ms):
@@ -355,22 +265,6 @@ class GroupLoop:
         if error is not None:
             raise error  # NOGROUP, UNBLOCKED...: step() handles them as for a plain command
         return replies[-2], replies[-1]
-
-    def _read_back(self, entries):
-        """A read handed out ids at or below this consumer's own last read: a group lives on ``>`` in
-        id order, so it was lost and another consumer recreated it further back before this one
-        noticed (its keep-alive had not run yet). Nothing of the read runs: lua/take_back_read.lua
-        takes it back, and the loop treats the group as lost (moves it forward to its own last read,
-        settles, puts back what it holds), as if it had seen NOGROUP."""
-        ids = [entry_id for entry_id, _, _ in entries]
-        what, kept = scripts.run(self.conn, "take_back_read", [self.stream, self.settling],
-                                 [self.group, self.consumer, self.last_read_id or "0-0", *ids])
-        logger.error("Consumer %s: group %s on %s read back %d entries from %s, at or below what this consumer "
-                     "had already read (%s) or while the group settles: the group was lost and recreated. None "
-                     "of them runs here (%s%s).", self.consumer, self.group, self.stream, len(ids), ids[0], self.last_read_id,
-                     "read undone" if to_text(what) == "undone" else to_text(what),
-                     f"; {kept} entries above {self.last_read_id} stay pending to be taken over" if kept else "")
-        self._group_lost(f"read back {ids[0]}")
 
     def _time_room(self):
         """How many more entries the threads can start within a fraction of the pending timeout.
@@ -419,171 +313,7 @@ class GroupLoop:
         # running entries simply are not pending any more. Unnoticed past the settling time, the
         # recreated group would hand them out again while they run here.
         if kept < len(messages):
-            self._recreated_elsewhere()
-
-    def take_over(self, capacity, now):
-        """This consumer's failed entries whose back-off is over, then entries abandoned by others."""
-        entries = self._due_retries(capacity, now)
-        if not self.ready:  # the group was found lost: put back what is held before claiming anything
-            return entries
-        if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
-            entries += self._claim_from_dead(capacity - len(entries), now)
-        if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
-            entries += self._claim_abandoned(capacity - len(entries), now)
-        return entries
-
-    def _claim_from_dead(self, room, now):
-        """Entries of consumers known dead: no pending timeout to wait, only their retry back-off.
-
-        Dead means both: its liveness deadline lapsed, and no connection of it is left on the
-        server (CLIENT LIST; a killed process's sockets close, a frozen or paused one's do not).
-        Right after this loop itself reconnected, nobody is judged: every deadline lapsed while
-        Redis was away and the others may not have reconnected yet. Entries over their delivery
-        limit are left to the pending-timeout path, which knows they are idle.
-        """
-        if now < self.judge_dead_after:
-            return []
-        lapsed = liveness.dead_consumers(self.conn, self.stream) - {self.consumer}
-        if not lapsed:
-            return []
-        summary = self.conn.xpending(self.stream, self.group)
-        holders = {_str(c["name"]) for c in summary.get("consumers") or ()}
-        candidates = lapsed & holders
-        if not candidates:
-            return []
-        if not self.can_list_clients:
-            return []
-        try:
-            # Client lists are per node: the readers of this stream are connected to its slot's node.
-            connected = {c.get("name") for c in node_client(self.conn, self.stream).client_list()}
-        except redis.ResponseError as exc:
-            if not is_no_permission(exc):
-                raise
-            self.can_list_clients = False
-            logger.warning("Consumer %s: the Redis user may not run CLIENT LIST (%s): consumers known dead are "
-                           "not taken over at once; their entries are taken over after PENDING_TIMEOUT_MS", self.consumer, exc)
-            return []
-        dead = sorted(n for n in candidates if liveness.reader_client_name(n) not in connected)
-        if self.guard is not None:
-            self.guard.confirmed_dead = frozenset(dead)
-        entries = []
-        in_flight = self.in_flight
-        for name in dead[:DEAD_CONSUMERS_PER_PASS]:
-            rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=room - len(entries),
-                                            consumername=name)
-            wanted = {}
-            for row in rows:
-                entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]
-                if entry_id in in_flight or deliveries >= self.max_deliveries:
-                    continue
-                if row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
-                    wanted[entry_id] = deliveries
-            if wanted:
-                min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
-                claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
-                got = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
-                if got:
-                    logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
-                                self.consumer, len(got), name, self.stream, self.group)
-                entries += got
-            if len(entries) >= room:
-                break
-        return entries
-
-    def _due_retries(self, capacity, now):
-        due = []
-        while self.retries and self.retries[0][0] <= now and len(due) < capacity:
-            due.append(heapq.heappop(self.retries)[1:])
-        if not due:
-            return []
-        # XCLAIM to itself redelivers (and counts) one entry. Its min idle is most of the back-off:
-        # had another consumer claimed the entry meanwhile, its idle time would have been reset.
-        pipe = self.conn.pipeline(transaction=False)
-        for entry_id, deliveries in due:
-            min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
-            pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
-        try:
-            replies = pipe.execute()
-        except BaseException:
-            # Still due (a lost connection, or a lost group that _hold_again makes pending again).
-            for entry_id, deliveries in due:
-                heapq.heappush(self.retries, (now, entry_id, deliveries))
-            raise
-        entries, missing = [], []
-        for (entry_id, deliveries), claimed in zip(due, replies):
-            # Deleted from the stream: Redis drops it from the PEL and returns nothing. So it does when
-            # another consumer claimed it meanwhile, or recreated the lost group (see _recreated_elsewhere).
-            got = [(_str(i), f, deliveries + 1) for i, f in claimed if f]
-            if not got:
-                missing.append((now, entry_id, deliveries))
-            entries.extend(got)
-        if missing and self._recreated_elsewhere():
-            for retry in missing:
-                heapq.heappush(self.retries, retry)  # _hold_again puts them back, due as planned
-        return entries
-
-    def _recreated_elsewhere(self):
-        """Entries held here are no longer pending in the group: acked or taken by another consumer, or
-        the group was lost and another one recreated it before this one noticed. A busy consumer does not
-        notice: its keep-alive and moves find a group, and it does not read. While the settling marker
-        lives it is the latter, unless this consumer already handled that loss (it reads nothing until
-        the marker lapses): handle it now, as if NOGROUP had come. True then."""
-        if self.clock() < self.read_after or not self.conn.exists(self.settling):
-            return False
-        self._group_lost("entries it held were no longer pending in it: another consumer recreated it first")
-        return True
-
-    def _claim_abandoned(self, room, now):
-        """Claim entries of other consumers idle past the pending timeout and their back-off.
-
-        Entries at or over max_deliveries are dead-lettered instead. XCLAIM's own min-idle check
-        makes a race with another consumer safe: the loser's claim returns nothing.
-        """
-        rows = self.conn.xpending_range(
-            self.stream, self.group, min=self.claim_cursor or "-", max="+", count=PENDING_PAGE,
-            idle=self.pending_timeout_ms,
-        )
-        wanted = {}
-        last = None
-        busy_here = None
-        for row in rows:
-            last = _str(row["message_id"])
-            deliveries = row["times_delivered"]
-            if busy_here is None:
-                busy_here = self.in_flight
-                waiting = {entry_id for _, entry_id, _ in self.retries}
-            if last in busy_here:
-                # Running or queued here, even if another consumer claimed it from us meanwhile:
-                # claiming it back would run it a second time in this very process.
-                continue
-            if last in waiting and row["time_since_delivered"] < claimable_idle_ms(
-                    deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
-                continue  # its back-off here is not over
-            # One waiting here yet idle past its back-off was made due by an operator (the admin's
-            # "retry now" sets its idle time): taken now, and out of the retry heap. Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
-            # chunk was lost) is treated like any abandoned entry.
-            if deliveries >= self.max_deliveries:
-                self.to_dead_letter.append((last, deadletters.RECORDED_ERROR, ""))
-            elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
-                wanted[last] = deliveries
-                if len(wanted) >= room:
-                    break
-        self.claim_cursor = "(" + last if last is not None and (len(rows) >= PENDING_PAGE or len(wanted) >= room) else None
-        if self.claim_cursor is None:
-            self.next_claim = now + self.claim_interval
-        if not wanted:
-            return []
-        self._forget_retries(wanted)
-        claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
-        entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
-        if entries:
-            logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
-        return entries
-
-    def _forget_retries(self, entry_ids):
-        if any(entry_id in entry_ids for _, entry_id, _ in self.retries):
-            self.retries = [r for r in self.retries if r[1] not in entry_ids]
-            heapq.heapify(self.retries)
+            self.lost_group.recreated_elsewhere()
 
     # -- handing to threads and collecting --------------------------------------------------
 
@@ -711,8 +441,8 @@ class GroupLoop:
                            self.stream, self.group, dead_letter_key(self.stream))
         self.errors = []
         refused = {entry_id for entry_id, _ in result.refused}
-        # Kept: what Redis refused, and what the group lost (then _hold_again puts them back to be moved).
-        kept = refused | (set(result.not_pending) if result.not_pending and self._recreated_elsewhere() else set())
+        # Kept: what Redis refused, and what the group lost (then the recreation puts them back to be moved).
+        kept = refused | (set(result.not_pending) if result.not_pending and self.lost_group.recreated_elsewhere() else set())
         self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in kept]
         if refused:
             self.moves_due = self.clock() + REFUSED_RETRY_SECONDS
@@ -776,7 +506,7 @@ class GroupLoop:
         try:
             self.flush_acks()
             self.flush_failures()
-            if not self.ready and self.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
+            if not self.ready and self.lost_group.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
                 self.make_ready(self.clock())  # puts the moves back in the group, to be made now
                 self.flush_failures()
             return True

@@ -28,13 +28,13 @@ from django.db import close_old_connections
 
 from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
 from streams_app.consuming.chunks import _checked as checked_call  # the same "did it run" check
-from streams_app.consuming.groups import delivered_id
 from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.outcomes import ChunkResult
 from streams_app.consuming.retry import backoff_seconds
 from streams_app.deadletters import store as deadletters
 from streams_app.entry_ids import id_key
+from streams_app.lag import delivered_id
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -134,7 +134,7 @@ class OrderedGroupLoop(GroupLoop):
         if self.lease.failed is not None:
             raise RuntimeError(f"the lease coordinator of {self.stream}/{self.group} crashed") from self.lease.failed
         if not self.ready:
-            self.make_ready(now)  # a lost group: recreated where it stood, then settling (GroupLoop._recreate)
+            self.make_ready(now)  # a lost group: recreated where it stood, then settling (lost_group.py)
         self.collect()
         lease = self.lease
         if lease.state == TAKEN and lease.valid(now) and not self.chunks:
@@ -309,7 +309,7 @@ class OrderedGroupLoop(GroupLoop):
 
     def _schedule_retry(self, entry_id, deliveries):
         self.replaying = True  # the back-off is read from the PEL (time since delivery) by replay()
-        # Not a timer: only what _hold_again puts back when the group is lost, or the PEL would take
+        # Not a timer: only what lost_group puts back when the group is lost, or the PEL would take
         # the failed entry and those behind it with it (neither retried nor dead-lettered).
         heapq.heappush(self.retries, (0.0, entry_id, deliveries))
 

@@ -1,4 +1,9 @@
-"""How long a failed entry waits before its next delivery."""
+"""The clocks of pending entries: how long a failed entry waits before its next delivery, when an
+entry of another consumer may be taken over, and how often a holder keeps its own alive."""
+
+# Held entries are kept alive (their idle time reset) this often, as a fraction of the pending
+# timeout, and reads are bounded to what the threads can start within this fraction of it.
+KEEP_ALIVE_FRACTION = 4
 
 
 def backoff_policy(spec, config):

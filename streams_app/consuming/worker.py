@@ -84,7 +84,8 @@ class Worker:
         self.heartbeat = heartbeat
         self.can_unblock = True  # False when the Redis user may not run CLIENT LIST / CLIENT UNBLOCK
         self.leases = LeaseTable(self.name, config, clock)  # ordered consumers' partition leases
-        self.mover = Mover(self.streams, config=config, clock=clock, name=self.name)  # deferred messages
+        self.mover = Mover(self.streams, config=config, clock=clock, name=self.name,  # deferred messages
+                           refused=refusals.refused)
 
     # -- lifecycle --------------------------------------------------------------------------
 

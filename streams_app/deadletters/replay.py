@@ -18,9 +18,11 @@ from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
-from streams_app.consuming.groups import group_exists, key_type
 from streams_app.entry_ids import is_entry_id
-from streams_app.producer import encode_payload, validate_stream_name
+from streams_app.keys import key_type
+from streams_app.lag import group_exists
+from streams_app.names import validate_stream_name
+from streams_app.producer import encode_payload
 
 REPLAY_BATCH = 200
 

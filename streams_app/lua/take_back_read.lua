@@ -1,6 +1,6 @@
 -- Take back a read that handed this consumer entries at or below its own last read id: the group
 -- was lost and recreated further back by another consumer before this one noticed (see
--- loop.ConsumerLoop._read_back), or read while the recreated group settles (the marker of
+-- consuming/lost_group.py), or read while the recreated group settles (the marker of
 -- recreate_group.lua lives). None of them has run here.
 -- While the group settles, no read is trusted: every one is taken back, and the group goes back to
 -- just before the first entry read, or to the marker's value (the largest last read id reported) if

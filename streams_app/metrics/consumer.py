@@ -125,7 +125,7 @@ class BacklogCollector:
         from streams_app.connection import TRANSIENT_ERRORS, get_connection
         from streams_app.keys import dead_letter_key
         from streams_app.registry import registered
-        from streams_app.supervisor.lag import backlog as group_backlog
+        from streams_app.lag import backlog as group_backlog
 
         specs = self._specs if self._specs is not None else registered()
         lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.",

@@ -12,7 +12,7 @@ from streams_app.exceptions import PartitionConfigError
 from streams_app.keys import dead_letter_key
 from streams_app.metrics.consumer import BacklogCollector
 from streams_app.registry import select
-from streams_app.supervisor.lag import read_lags
+from streams_app.lag import read_lags
 from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
 

@@ -15,7 +15,7 @@ from streams_app.conf import get_settings
 from streams_app.models import ConsumerGroup, GroupSnapshot
 from streams_app.reclaim import Reclaimer
 from streams_app.registry import select
-from streams_app.supervisor.lag import GroupLag, checked_lag, group_lag, lag_is_trusted
+from streams_app.lag import GroupLag, checked_lag, group_lag, lag_is_trusted
 from tests.waiting import wait_for
 
 UNREAD = 5

@@ -1,4 +1,5 @@
-"""The backlog of consumer groups: XINFO GROUPS ``lag``, estimated where Redis reports none.
+"""Where consumer groups stand in their streams: a group's last-delivered id (``delivered_id``), and
+its backlog: XINFO GROUPS ``lag``, estimated where Redis reports none.
 
 Redis 7 reports ``lag`` as null when it cannot compute it (an unread entry was deleted with XDEL,
 the stream was trimmed past the group, the group was set to an arbitrary id). Null is not zero: a
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from shoal_common.redis_errors import is_no_permission, is_no_such_key
+from shoal_common.redis_errors import is_no_permission, is_no_such_key, is_wrongtype
 from shoal_common.redisconn import node_client
 from shoal_common.text import to_text
 
@@ -66,6 +67,21 @@ def group_lag(conn, stream, group, start="0", cap=ESTIMATE_CAP):
         return GroupLag(stream, group, conn.xlen(stream) if start == "0" else 0, estimated=True)
     value, estimated = backlog(conn, stream, info, cap)
     return GroupLag(stream, group, value, estimated=estimated)
+
+
+def group_exists(conn, stream, group):
+    return delivered_id(conn, stream, group) is not None  # every group has one ("0-0" when new)
+
+
+def delivered_id(conn, stream, group):
+    """The group's last-delivered-id: everything up to it was read by some consumer (None: no such group)."""
+    try:
+        groups = conn.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if is_wrongtype(exc):
+            raise
+        return None  # no such key
+    return next((to_text(g["last-delivered-id"]) for g in groups if to_text(g["name"]) == group), None)
 
 
 def backlog(conn, stream, info, cap=ESTIMATE_CAP):
