@@ -39,3 +39,35 @@ def test_find_a_message_names_a_stream_or_dead_letter_key_of_another_type_instea
     assert client.get(f"{GROUPS}find/", {"stream": "notes", "q": "order-7"}).context["problem"].startswith(
         "Redis key 'notes' holds a string")
     assert redis.get("notes") == "precious" and redis.get(keys.dead_letter_key("jobs")) == "not a stream"
+
+
+# -- item 3: a dead-letter key that is gone ---------------------------------------------------------
+
+@pytest.mark.both_redis
+@pytest.mark.parametrize("loss", ["deleted", "another type"])
+def test_dead_letters_whose_key_left_redis_leave_every_page_and_count(staff_client, redis, loss):
+    from streams_app.conf import get_settings
+    from streams_app.connection import get_connection
+    from streams_app.reclaim import Reclaimer
+    from streams_app.registry import select
+
+    dead_letter(redis, [{"n": 1}, {"n": 2}], group="a")
+    client = staff_client()
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    assert (group.dead_letters, DeadLetter.objects.count()) == (2, 2)
+    # A Redis restarted without persistence, FLUSHALL, DEL {jobs}:dlq (or a key of another type there).
+    redis.delete(keys.dead_letter_key("jobs"))
+    if loss == "another type":
+        redis.set(keys.dead_letter_key("jobs"), "x")
+    listed = client.get(GROUPS)
+    assert {g.name: g.dead_letters for g in listed.context["cl"].result_list} == {"a": 0}
+    assert client.get(LETTERS).context["cl"].result_count == 0
+    assert client.get(f"{GROUPS}{group.pk}/change/").context["original"].dead_letters == 0
+    assert Stream.objects.get(name="jobs").dead_letters == 0
+    # The reclaim daemon's pass agrees, and a letter that comes afterwards is copied as usual.
+    redis.delete(keys.dead_letter_key("jobs"))
+    [later] = dead_letter(redis, [{"n": 3}], group="a")
+    Reclaimer(select(["jobs:a"]), conn=get_connection(), config=get_settings()).tick()
+    assert list(DeadLetter.objects.values_list("entry_id", flat=True)) == [later]
+    assert ConsumerGroup.objects.get(name="a").dead_letters == 1
