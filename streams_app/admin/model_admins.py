@@ -31,7 +31,7 @@ from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
-from streams_app.deadletters.replay import replay
+from streams_app.deadletters.replay import SKIP_REASONS, replay
 
 # Dead letters per replay / delete call: one script run stays short however many are selected.
 ACTION_BATCH = 200
@@ -376,7 +376,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             return self._confirm(request, queryset, "replay_selected", "Replay dead letters",
                                  "Each goes back to its origin stream for the group that failed it only.")
         conn = web_connection()
-        replayed, gone = 0, 0
+        replayed, gone, kept = 0, 0, {}
         batches = list(_batches(queryset))
         for done, ((stream, group), batch) in enumerate(batches):
             by_entry = {d["entry_id"]: d for d in batch}
@@ -394,14 +394,21 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
                 for old, new in result.replayed
             ], CHANGE)
             replayed += len(result.replayed)
-            gone += len(result.skipped)
-            DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
+            missing = [i for i, why in result.skipped.items() if why == "missing"]
+            gone += len(missing)
+            for entry_id, why in result.skipped.items():
+                if why != "missing":
+                    kept.setdefault(why, []).append(entry_id)
+            # A letter still in Redis (too wide to replay) stays listed; replayed and vanished ones go.
+            DeadLetter.objects.filter(pk__in=[by_entry[i]["pk"] for i in [*dict(result.replayed), *missing]]).delete()
         else:
             _report(self, request, replayed, gone, "Replayed")
+            _not_replayed(self, request, kept)
             mirror.try_sync(conn)
             return None
         if gone:
             _report(self, request, 0, gone, "Replayed")
+        _not_replayed(self, request, kept)
         return None
 
     @admin.action(permissions=["delete_deadletter"], description="Delete selected dead letters")
@@ -468,6 +475,16 @@ def _report(model_admin, request, done, gone, verb):
             "someone else meanwhile. Nothing was done to them.",
             messages.WARNING,
         )
+
+
+def _not_replayed(model_admin, request, kept):
+    """Letters the replay left where they are (too wide for the script...): why, and which."""
+    for why, ids in kept.items():
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        model_admin.message_user(
+            request, f"{len(ids)} dead letter{'s were' if len(ids) != 1 else ' was'} not replayed: {shown}: "
+                     f"{SKIP_REASONS[why]}. {'They stay' if len(ids) != 1 else 'It stays'} in the dead letters.",
+            messages.WARNING)
 
 
 def pretty_json(text):

@@ -13,7 +13,7 @@ import redis
 
 from streams_app import keys, partitions, scripts
 from streams_app.connection import get_connection
-from streams_app.deadletters.store import DeadLetter, get_dead_letters
+from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, get_dead_letters
 from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
@@ -23,6 +23,14 @@ from streams_app.entry_ids import is_entry_id
 from streams_app.producer import encode_payload, validate_stream_name
 
 REPLAY_BATCH = 200
+
+# Why a dead letter was skipped (ReplayResult.skipped), in words for the CLI and the admin.
+SKIP_REASONS = {
+    "missing": "not in the dead-letter stream",
+    "other-group": "dead-lettered by another group",
+    "too-wide": "too many fields to re-publish from a script (over 3,500, kept packed in shoal:fields); copy it "
+                "with XADD yourself",
+}
 
 
 @dataclass
@@ -134,6 +142,8 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
                 result.skipped[entry_id] = "missing"
             elif letter.group != group:
                 result.skipped[entry_id] = "other-group"
+            elif _too_wide(letter):
+                result.skipped[entry_id] = "too-wide"  # what the script would answer: a dry run says it too
         chosen = [i for i in ids if i not in result.skipped]
         _replay_batch(conn, stream, group, chosen, override, dry_run, result)
         return result
@@ -152,12 +162,17 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [i for i, letter in ((_text(i), DeadLetter(_text(i), decode_fields(f))) for i, f in page)
-                if letter.group == group]
-        _replay_batch(conn, stream, group, mine, override, dry_run, result)
+        mine = [letter for letter in (DeadLetter(_text(i), decode_fields(f)) for i, f in page) if letter.group == group]
+        result.skipped.update((letter.id, "too-wide") for letter in mine if _too_wide(letter))
+        _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
+                      result)
         if progress is not None:
             progress(scanned, max(total, scanned))
     return result
+
+
+def _too_wide(letter):
+    return PACKED_FIELDS in letter.fields
 
 
 def _replay_batch(conn, stream, group, ids, override, dry_run, result):

@@ -7,7 +7,7 @@ from shoal_common.cli import ShoalCommand
 from streams_app.codec import apply_types
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
-from streams_app.deadletters.replay import JSON_NULL, replay
+from streams_app.deadletters.replay import JSON_NULL, SKIP_REASONS, replay
 
 
 class Command(ShoalCommand):
@@ -60,9 +60,7 @@ class Command(ShoalCommand):
             if verbosity > 1 or dry_run:
                 self.stdout.write(f"{dead_id} -> {new_id or '(dry run)'}")
         for dead_id, why in result.skipped.items():
-            reason = {"missing": "not in the dead-letter stream", "other-group": "dead-lettered by another group",
-                      "too-wide": "too many fields to re-publish from a script; copy it with XADD yourself"}[why]
-            self.stderr.write(f"{dead_id}: skipped, {reason}")
+            self.stderr.write(f"{dead_id}: skipped, {SKIP_REASONS[why]}")
         verb = "Would replay" if dry_run else "Replayed"
         self.stdout.write(self.style.SUCCESS(f"{verb} {len(result.replayed)} dead letters of {stream} for group {group}"))
         if ids and result.skipped and not result.replayed:

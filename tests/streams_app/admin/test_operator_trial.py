@@ -2,7 +2,6 @@
 import pytest
 
 from streams_app import keys, publish_many
-from streams_app.admin import mirror
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
@@ -71,3 +70,59 @@ def test_dead_letters_whose_key_left_redis_leave_every_page_and_count(staff_clie
     Reclaimer(select(["jobs:a"]), conn=get_connection(), config=get_settings()).tick()
     assert list(DeadLetter.objects.values_list("entry_id", flat=True)) == [later]
     assert ConsumerGroup.objects.get(name="a").dead_letters == 1
+
+
+# -- item 4: a dead letter too wide to replay from a script ----------------------------------------
+
+def wide_dead_letter(redis, stream="jobs", group="a"):
+    """An entry of 3,600 fields (a foreign producer's), failed and dead-lettered: its fields are packed
+    into shoal:fields, which the replay script cannot unpack into one XADD."""
+    from streams_app.deadletters import store as deadletters
+
+    ensure_group(redis, stream, group, start="$")
+    entry = redis.xadd(stream, {"payload": '{"n": "wide"}', **{f"f{i}": "v" for i in range(3600)}})
+    redis.xreadgroup(group, "c1", {stream: ">"})
+    [letter] = deadletters.move(redis, stream, group, [(entry, "ValueError: too wide", "")]).dead_letter_ids
+    assert redis.xrange(keys.dead_letter_key(stream), letter, letter)[0][1].get("shoal:fields")
+    return letter
+
+
+@pytest.mark.both_redis
+def test_replaying_a_too_wide_dead_letter_says_why_it_cannot_and_keeps_it_listed(staff_client, redis):
+    from django.core.management import call_command
+
+    wide = wide_dead_letter(redis)
+    [plain] = dead_letter(redis, [{"n": 1}])
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(LETTERS)
+    pks = {d.entry_id: d.pk for d in DeadLetter.objects.all()}
+    done = client.post(LETTERS, {"action": "replay_selected", "_selected_action": [pks[wide], pks[plain]], "index": "0",
+                                 "post": "yes"}, follow=True)
+    shown = messages_of(done)
+    assert "Replayed 1 dead letter." in shown, shown
+    assert any(f"1 dead letter was not replayed: {wide}" in m and "too many fields" in m and "XADD" in m
+               for m in shown), shown
+    assert not any("no longer in Redis" in m for m in shown), shown
+    assert [i for i, _ in redis.xrange(keys.dead_letter_key("jobs"))] == [wide]
+    # Still listed, searchable, its page answers.
+    assert list(DeadLetter.objects.values_list("entry_id", flat=True)) == [wide]
+    assert client.get(LETTERS, {"q": wide}).context["cl"].result_count == 1
+    assert client.get(f"{LETTERS}{pks[wide]}/change/").status_code == 200
+
+    # The edited replay says so too, and keeps it.
+    edited = client.post(f"{LETTERS}{pks[wide]}/replay/", {"payload": '{"n": 2}', "payload_types": "", "post": "yes"},
+                         follow=True)
+    assert any("too many fields" in m for m in messages_of(edited)), messages_of(edited)
+    assert DeadLetter.objects.filter(entry_id=wide).exists() and redis.xlen(keys.dead_letter_key("jobs")) == 1
+
+    # The CLI's dry run does not count it as replayable.
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("replay", "jobs", "--group", "a", "--all", "--dry-run", stdout=out, stderr=err)
+    assert "Would replay 0 dead letters of jobs for group a" in out.getvalue()
+    assert f"{wide}: skipped, too many fields" in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(Exception, match="none of the given ids could be replayed"):
+        call_command("replay", "jobs", "--group", "a", "--id", wide, "--dry-run", stdout=out, stderr=err)
+    assert f"{wide}: skipped, too many fields" in err.getvalue()
