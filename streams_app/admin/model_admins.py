@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
+from shoal_common.redis_errors import may_have_run
 from streams_app import keys, partitions
 
 from streams_app.admin import logical as logical_views
@@ -440,12 +441,20 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
 
 def _interrupted(model_admin, request, exc, verb, participle, done, remaining):
-    """Redis failed part-way through a bulk action: say what was done and what was not, never "nothing"."""
-    left = sum(len(batch) for _, batch in remaining)
+    """Redis failed part-way through a bulk action: say what was done and what was not, never "nothing".
+
+    The batch in flight (``remaining[0]``) is in doubt when its command may have reached Redis: a
+    client that gave up waiting cannot know whether it ran (a frozen Redis runs it when continued).
+    """
+    in_flight = len(remaining[0][1]) if remaining and may_have_run(exc) else 0
+    left = sum(len(batch) for _, batch in remaining) - in_flight
+    doubt = (f"; the next {in_flight} may or may not have been {participle} (they were sent and Redis did not "
+             f"answer: the list shows which are still dead letters once it does)" if in_flight else "")
+    rest = f"; the other {left} were not {participle}" if left else ""
     model_admin.message_user(
         request,
-        f"{verb} {done} dead letter{'s' if done != 1 else ''} before Redis failed ({type(exc).__name__}: {exc}); "
-        f"the other {left} were not {participle}. They are still listed: select them again when Redis is back.",
+        f"{verb} {done} dead letter{'s' if done != 1 else ''} before Redis failed ({type(exc).__name__}: {exc})"
+        f"{doubt}{rest}. They are still listed: select them again when Redis is back.",
         messages.ERROR,
     )
 

@@ -126,3 +126,53 @@ def test_replaying_a_too_wide_dead_letter_says_why_it_cannot_and_keeps_it_listed
     with pytest.raises(Exception, match="none of the given ids could be replayed"):
         call_command("replay", "jobs", "--group", "a", "--id", wide, "--dry-run", stdout=out, stderr=err)
     assert f"{wide}: skipped, too many fields" in err.getvalue()
+
+
+# -- item 5: a bulk replay cut short: the batch in flight is in doubt --------------------------------
+
+def test_a_bulk_replay_cut_short_by_a_hung_redis_counts_the_batch_in_flight_as_in_doubt(
+        staff_client, redis_factory, use_redis, settings, monkeypatch):
+    import os
+    import signal
+
+    from streams_app import scripts
+    from streams_app.admin import mirror
+    from tests.waiting import wait_for
+
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    server = redis_factory()
+    use_redis(server)
+    conn = server.client()
+    dead_letter(conn, [{"n": n} for n in range(600)])  # three batches of ACTION_BATCH (200)
+    mirror.sync_all()
+    real, calls = scripts.run, []
+
+    def replay_script_into_a_frozen_redis(client, name, *args, **kwargs):
+        if name == "replay":
+            calls.append(1)
+            if len(calls) == 2:
+                # Redis freezes as the second batch's script is sent: the admin gives up after its 0.5 s,
+                # and Redis, continued, runs what was sent all the same.
+                server.process.send_signal(signal.SIGSTOP)
+                os.waitpid(server.process.pid, os.WUNTRACED)  # stopped now, not in a moment
+        return real(client, name, *args, **kwargs)
+
+    monkeypatch.setattr(scripts, "run", replay_script_into_a_frozen_redis)
+    client = staff_client("streams_app.replay_deadletter")
+    pks = list(DeadLetter.objects.values_list("pk", flat=True))
+    try:
+        done = client.post(LETTERS, {"action": "replay_selected", "_selected_action": [str(pks[0])],
+                                     "select_across": "1", "index": "0", "post": "yes"}, follow=True)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    shown = messages_of(done)
+    assert len(calls) == 2
+    # What Redis did: the first batch and the one in flight both ran.
+    wait_for(lambda: conn.xlen(keys.dead_letter_key("jobs")) == 200, timeout=10, what="the batch in flight run")
+    [message] = [m for m in shown if "before Redis failed" in m]
+    assert "Replayed 200 dead letters before Redis failed (TimeoutError" in message, message
+    assert "the next 200 may or may not have been replayed" in message, message
+    assert "the other 200 were not replayed" in message, message
+    # Once Redis answers, the list shows what is still a dead letter.
+    client.get(LETTERS)
+    assert DeadLetter.objects.count() == 200
