@@ -176,3 +176,53 @@ def test_a_bulk_replay_cut_short_by_a_hung_redis_counts_the_batch_in_flight_as_i
     # Once Redis answers, the list shows what is still a dead letter.
     client.get(LETTERS)
     assert DeadLetter.objects.count() == 200
+
+
+# -- item 6: a replay job taken over keeps its counts ------------------------------------------------
+
+class Killed(BaseException):
+    """The runner's death (SIGKILL): nothing after it runs in that process, no except clause sees it."""
+
+
+@pytest.mark.both_redis
+def test_a_replay_job_taken_over_after_its_runner_died_keeps_every_count(staff_client, redis, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from streams_app import scripts
+    from streams_app.connection import get_connection
+    from streams_app.deadletters import jobs
+    from streams_app.models import ReplayJob
+
+    dead_letter(redis, [{"n": n} for n in range(1000)], group="a")
+    dead_letter(redis, [{"n": n} for n in range(5)], group="b")
+    job = jobs.queue("jobs", "a")
+    real, calls = scripts.run, []
+
+    def die_after_the_third_batch(client, name, *args, **kwargs):
+        reply = real(client, name, *args, **kwargs)
+        if name == "replay":
+            calls.append(1)
+            if len(calls) == 3:
+                raise Killed  # the batch ran in Redis; its runner died before recording it
+        return reply
+
+    monkeypatch.setattr(scripts, "run", die_after_the_third_batch)
+    with pytest.raises(Killed):
+        jobs.run_next(get_connection())
+    monkeypatch.setattr(scripts, "run", real)
+    assert redis.xlen(keys.dead_letter_key("jobs")) == 1005 - 600
+    job.refresh_from_db()
+    assert job.state == ReplayJob.RUNNING
+    # Two minutes without a heartbeat: the next pass takes it over.
+    ReplayJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - jobs.STALE_AFTER - timedelta(seconds=1))
+    assert jobs.run_next(get_connection()).pk == job.pk
+    job.refresh_from_db()
+    assert (job.state, job.replayed, job.skipped) == (ReplayJob.DONE, 1000, 0)
+    assert (job.scanned, job.total) == (1005, 1005)  # looked at once each, as the first run began counting
+    assert redis.xlen(keys.dead_letter_key("jobs")) == 5  # group b's
+    replayed = [f for _, f in redis.xrange("jobs") if f.get("shoal:target_group") == "a"]
+    assert len(replayed) == 1000 and len({f["shoal:replay_of"] for f in replayed}) == 1000  # none twice
+    page = staff_client("streams_app.replay_deadletter").get(f"/admin/streams_app/replayjob/{job.pk}/change/")
+    assert "1005 of 1005 dead letters looked at (100%)" in page.content.decode()
