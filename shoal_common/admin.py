@@ -44,6 +44,24 @@ def redis_unreachable_is_a_message(view):
     return wrapper
 
 
+def refuse_forbidden_action(model_admin, request):
+    """A POSTed action this user may not run is refused with 403, as every Shoal action answers.
+
+    Django leaves an action the user lacks permission for out of the choices and renders the list
+    again (200): nothing done and nothing said. Actions that do not exist are left to Django.
+    """
+    if request.method != "POST" or "action" not in request.POST:
+        return
+    try:
+        name = request.POST.getlist("action")[int(request.POST.get("index", 0))]
+    except (ValueError, IndexError):
+        raise Http404("no such action") from None
+    declared = {a if isinstance(a, str) else a.__name__ for a in model_admin.actions or ()}
+    known = declared | {site_name for site_name, _ in model_admin.admin_site.actions}
+    if name in known and name not in model_admin.get_actions(request):
+        raise PermissionDenied
+
+
 def log_actions(request, model, entries, action_flag):
     """One LogEntry per object touched: ``entries`` are (object_id, object_repr, message)."""
     content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)

@@ -226,3 +226,20 @@ def test_a_replay_job_taken_over_after_its_runner_died_keeps_every_count(staff_c
     assert len(replayed) == 1000 and len({f["shoal:replay_of"] for f in replayed}) == 1000  # none twice
     page = staff_client("streams_app.replay_deadletter").get(f"/admin/streams_app/replayjob/{job.pk}/change/")
     assert "1005 of 1005 dead letters looked at (100%)" in page.content.decode()
+
+
+# -- item 9 (the audit trail too): an action nobody may run is a 403, not a list shown again -----------
+
+def test_posting_delete_selected_on_the_audit_trail_is_403_and_keeps_the_entries(staff_client, redis):
+    from django.contrib.admin.models import LogEntry
+
+    dead_letter(redis, [{"n": 1}])
+    client = staff_client("streams_app.replay_deadletter", "admin.view_logentry")
+    client.get(LETTERS)
+    client.post(LETTERS, {"_selected_action": [DeadLetter.objects.get().pk], "index": "0", "action": "replay_selected",
+                          "post": "yes"})
+    [log] = LogEntry.objects.all()
+    for step in ({"index": "0"}, {"post": "yes"}):
+        answer = client.post("/admin/admin/logentry/", {"action": "delete_selected", "_selected_action": [log.pk], **step})
+        assert answer.status_code == 403
+    assert LogEntry.objects.count() == 1
