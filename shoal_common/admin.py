@@ -27,7 +27,8 @@ def redis_unreachable_is_a_message(view):
     """An admin view that needs Redis answers an outage with a message and a redirect, never a 500.
 
     POST (an action): back to the same page, which shows the mirror's last copy. GET of a page
-    under an object (``<id>/pending/``, ``<id>/replay/``): to that object's page.
+    under an object (``<id>/pending/``, ``<id>/replay/``): to that object's page; of another page of
+    a model (``logical-pending/``): to the model's list.
     """
 
     @functools.wraps(view)
@@ -39,7 +40,8 @@ def redis_unreachable_is_a_message(view):
                                     "try again when it is back.")
             if request.method == "POST":
                 return HttpResponseRedirect(request.get_full_path())
-            return HttpResponseRedirect(request.path.rstrip("/").rsplit("/", 1)[0] + "/change/")
+            parent = request.path.rstrip("/").rsplit("/", 1)[0]
+            return HttpResponseRedirect(parent + ("/change/" if parent.rsplit("/", 1)[-1].isdigit() else "/"))
 
     return wrapper
 

@@ -243,3 +243,65 @@ def test_posting_delete_selected_on_the_audit_trail_is_403_and_keeps_the_entries
         answer = client.post("/admin/admin/logentry/", {"action": "delete_selected", "_selected_action": [log.pk], **step})
         assert answer.status_code == 403
     assert LogEntry.objects.count() == 1
+
+
+# -- item 10: pending in all partitions during an outage ----------------------------------------------
+
+@pytest.mark.parametrize("outage", ["down", "frozen"])
+def test_pending_in_all_partitions_shows_the_last_copy_when_redis_is_away(staff_client, redis_factory, use_redis,
+                                                                           settings, outage):
+    import signal
+
+    from streams_app import partitions
+    from streams_app.admin import mirror
+
+    settings.STREAMS = {"PARTITIONS": {"orders": 3}, "ADMIN_REDIS_TIMEOUT": 0.5}
+    server = redis_factory()
+    use_redis(server)
+    conn = server.client()
+    for name in partitions.names("orders"):
+        ensure_group(conn, name, "p", start="0")
+    publish_many("orders", [{"n": n} for n in range(30)], keys=[f"customer-{n}" for n in range(30)])
+    for name in partitions.names("orders"):
+        conn.xreadgroup("p", "c1", {name: ">"}, count=5)
+    mirror.sync_all()
+    client = staff_client()
+    url = f"{GROUPS}logical-pending/?stream=orders&group=p"
+    assert "15 entries pending in group p" in client.get(url).content.decode()
+    if outage == "down":
+        server.stop()
+    else:
+        server.process.send_signal(signal.SIGSTOP)
+    try:
+        page = client.get(url)
+    finally:
+        if outage == "frozen":
+            server.process.send_signal(signal.SIGCONT)
+    assert page.status_code == 200  # not a redirect to .../consumergroup/change/, a 404
+    html = page.content.decode()
+    assert "15 entries pending in group p" in html  # the mirror's counts, with their age
+    assert "Redis is unreachable" in html and "The last copy from Redis did not complete" in html
+    assert [p["pending"] for p in page.context["partitions"]] == [5, 5, 5]
+    assert page.context["entries"] == []
+
+
+@pytest.mark.parametrize("path, back", [
+    ("/admin/streams_app/consumergroup/7/pending/", "/admin/streams_app/consumergroup/7/change/"),
+    ("/admin/streams_app/consumergroup/logical-pending/", "/admin/streams_app/consumergroup/"),
+    ("/admin/streams_app/stream/logical/", "/admin/streams_app/stream/"),
+])
+def test_a_page_that_meets_an_outage_sends_back_to_a_page_that_exists(path, back):
+    import redis as redis_lib
+    from django.contrib.messages.storage.cookie import CookieStorage
+    from django.test import RequestFactory
+
+    from shoal_common.admin import redis_unreachable_is_a_message
+
+    @redis_unreachable_is_a_message
+    def view(model_admin, request):
+        raise redis_lib.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    request = RequestFactory().get(path + "?stream=orders&group=p")
+    request._messages = CookieStorage(request)
+    response = view(None, request)
+    assert (response.status_code, response["Location"]) == (302, back)
