@@ -33,6 +33,7 @@ from shoal_common.redis_errors import is_lost_group, is_no_permission, is_oom, i
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, node_client, recover, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.groups import ensure_group, recreate_lost_group
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
@@ -80,7 +81,7 @@ _str = to_text
 
 class GroupLoop:
     def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
-                 concurrency=None):
+                 concurrency=None, outage=None):
         self.spec = spec
         self.stream = spec.stream
         self.group = spec.group
@@ -141,6 +142,7 @@ class GroupLoop:
         self.dead_lettered = 0
         self.reading = False  # inside a blocking XREADGROUP (shutdown unblocks it)
         self.failures = 0
+        self.outage = outage if outage is not None else OutageLog()  # the worker's, shared by its loops
         self.handled = 0
         self.consumer_ttl = config["CONSUMER_TTL"]
         self.judge_dead_after = 0.0  # see _claim_from_dead
@@ -786,12 +788,14 @@ class GroupLoop:
     def _redis_down(self, exc):
         self.failures += 1
         recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
-        if self.failures == 1:
+        if self.failures == 1 and self.outage.went_down(self):
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
         self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
 
     def _redis_ok(self):
         if self.failures:
             self.judge_dead_after = self.clock() + self.consumer_ttl
-            logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer, self.failures)
+            if self.outage.came_back(self):
+                logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer,
+                               self.failures)
             self.failures = 0

@@ -35,6 +35,7 @@ from streams_app.consuming.leases import LeaseTable
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.naming import consumer_name
+from streams_app.consuming.outage import OutageLog
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -83,6 +84,7 @@ class Worker:
         self.heartbeat = heartbeat
         self.can_unblock = True  # False when the Redis user may not run CLIENT LIST / CLIENT UNBLOCK
         self.leases = LeaseTable(self.name, config, clock)  # ordered consumers' partition leases
+        self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -146,6 +148,7 @@ class Worker:
                 spec, self.name, conn=conn, reader=self._connect(self.reader_client_name), **ordered,
                 executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
+                outage=self.outage,
             )
             if not self.can_unblock:
                 loop.block_ms = min(loop.block_ms, SHORT_BLOCK_MS)
