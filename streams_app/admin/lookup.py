@@ -48,9 +48,10 @@ class Place:
 @dataclass
 class Found:
     entry_id: str
-    fields: dict | None  # None: no longer in the stream (trimmed or deleted)
+    fields: dict | None  # None: not in the stream (``absence`` says more)
     places: list = field(default_factory=list)
     problem: str = ""  # what could not be looked at (a dead-letter key of another type)
+    absence: str = ""  # why the entry is not in the stream, when it is not
 
     @property
     def payload(self):
@@ -95,6 +96,11 @@ def locate(conn, stream, entry_id):
     groups = conn.xinfo_groups(stream)
     since = entry_id.split("-")[0]  # letters and replays come after the entry, so read from its time on
     found = Found(entry_id, fields)
+    if fields is None:
+        # Past the stream's last id, the entry never was; below it, it may have been deleted or trimmed.
+        last = _text(conn.xinfo_stream(stream)["last-generated-id"])
+        found.absence = (f"not in the stream: past its last entry id {last}" if id_key(entry_id) > id_key(last)
+                         else "not in the stream: deleted or trimmed, or never there")
     try:
         letters, letters_cut = _scan_forward(conn, keys.dead_letter_key(stream), since,
                                              lambda f: _field(f, "shoal:origin_id") == entry_id)

@@ -54,7 +54,12 @@ class Command(ShoalCommand):
         except StreamsError as exc:
             raise CommandError(str(exc)) from None
         except TRANSIENT_ERRORS as exc:
-            done = "nothing was replayed" if not all else "the replay stopped part-way (replay --all again: what was replayed is gone from the dead letters)"
+            if dry_run:
+                done = "nothing was replayed (a dry run replays nothing)"
+            elif not all:
+                done = "nothing was replayed"
+            else:
+                done = "the replay stopped part-way (replay --all again: what was replayed is gone from the dead letters)"
             raise CommandError(f"Redis is unreachable ({exc}); {done}. Check REDIS_URL.") from None
         for dead_id, new_id in result.replayed:
             if verbosity > 1 or dry_run:

@@ -1,4 +1,5 @@
-"""What an on-call operator's trial of the control room found (issue 33), each through Django's test client."""
+"""What an on-call operator's trial of the control room found (issue 33): the admin through Django's test
+client, and the replay command it sends operators to."""
 import pytest
 
 from streams_app import keys, publish_many
@@ -305,3 +306,79 @@ def test_a_page_that_meets_an_outage_sends_back_to_a_page_that_exists(path, back
     request._messages = CookieStorage(request)
     response = view(None, request)
     assert (response.status_code, response["Location"]) == (302, back)
+
+
+# -- item 11: smaller findings -------------------------------------------------------------------------
+
+def test_a_dry_run_replay_during_an_outage_does_not_say_it_stopped_part_way(redis_factory, use_redis):
+    from django.core.management import CommandError, call_command
+
+    server = redis_factory()
+    use_redis(server)
+    dead_letter(server.client(), [{"n": 1}])
+    server.stop()
+    with pytest.raises(CommandError) as raised:
+        call_command("replay", "jobs", "--group", "a", "--all", "--dry-run")
+    assert "nothing was replayed (a dry run replays nothing)" in str(raised.value), str(raised.value)
+    assert "part-way" not in str(raised.value)
+    with pytest.raises(CommandError, match="the replay stopped part-way"):
+        call_command("replay", "jobs", "--group", "a", "--all")
+
+
+@pytest.mark.both_redis
+def test_find_a_message_tells_an_id_the_stream_never_had_from_one_that_left_it(staff_client, redis):
+    ensure_group(redis, "jobs", "a", start="$")
+    first, second, third = publish_many("jobs", [{"n": 1}, {"n": 2}, {"n": 3}])
+    redis.xdel("jobs", second)
+    client = staff_client()
+
+    def title(entry_id):
+        [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": entry_id}).context["results"]
+        return found.absence
+
+    ms, seq = (int(part) for part in third.split("-"))
+    assert title(f"{ms + 60_000}-0") == f"not in the stream: past its last entry id {third}"
+    assert title(f"{ms}-{seq + 1}") == f"not in the stream: past its last entry id {third}"
+    assert title(second) == "not in the stream: deleted or trimmed, or never there"
+    assert title(first) == ""
+    html = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": f"{ms + 60_000}-0"}).content.decode()
+    assert f"(not in the stream: past its last entry id {third})" in html and "deleted or trimmed" not in html
+
+
+@pytest.mark.both_redis
+def test_a_consumer_named_empty_is_offered_as_owner_and_claim_target_apart_from_the_placeholder(staff_client, redis):
+    import re
+
+    ids = pending(redis, "jobs", "a", [{"n": 1}, {"n": 2}], consumer="")
+    ids += pending(redis, "jobs", "a", [{"n": 3}], consumer="c2")
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/pending/"
+    html = client.get(url).content.decode()
+    owner = html[html.index('name="consumer"'):html.index("</select>", html.index('name="consumer"'))]
+    claim = html[html.index('<label>Claim to consumer'):]
+    claim = claim[:claim.index("</select>")]
+    owner_values = re.findall(r'<option value="([^"]*)"', owner)
+    claim_values = re.findall(r'<option value="([^"]*)"', claim)
+    assert len(owner_values) == 3 and len(set(owner_values)) == 3, owner  # any, "", c2
+    assert len(claim_values) == 3 and len(set(claim_values)) == 3, claim  # ---------, "", c2
+    assert "(empty name)" in owner and "(empty name)" in claim
+    [any_owner, empty, c2] = owner_values
+    # Filtering by the empty-named owner shows its two entries, not every entry.
+    listed = client.get(url, {"consumer": empty}).context["entries"]
+    assert [e["id"] for e in listed] == ids[:2]
+    assert [e["id"] for e in client.get(url, {"consumer": any_owner}).context["entries"]] == ids
+    # The placeholder claims to nobody; the empty-named consumer can be chosen.
+    placeholder = claim_values[0]
+    refused = client.post(url, {"action": "claim", "entry": [ids[2]], "consumer": placeholder, "post": "yes"},
+                          follow=True)
+    assert any("Choose a consumer" in m for m in messages_of(refused)), messages_of(refused)
+    assert redis.xpending_range("jobs", "a", ids[2], ids[2], 1)[0]["consumer"] == "c2"
+    done = client.post(url, {"action": "claim", "entry": [ids[2]], "consumer": claim_values[1], "post": "yes"})
+    assert done.status_code == 302
+    assert redis.xpending_range("jobs", "a", ids[2], ids[2], 1)[0]["consumer"] == ""
+    # A plain name still works, as links and scripts pass it.
+    client.post(url, {"action": "claim", "entry": [ids[2]], "consumer": "c2", "post": "yes"})
+    assert redis.xpending_range("jobs", "a", ids[2], ids[2], 1)[0]["consumer"] == "c2"
+    assert [e["id"] for e in client.get(url, {"consumer": "c2"}).context["entries"]] == ids[2:]
