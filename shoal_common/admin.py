@@ -14,6 +14,7 @@ from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from shoal_common.connections import TRANSIENT_ERRORS
+from shoal_common.redis_errors import may_have_run
 
 try:  # Django 6.1: actions may also show on the change form
     from django.contrib.admin import ActionLocation
@@ -36,8 +37,13 @@ def redis_unreachable_is_a_message(view):
         try:
             return view(self, request, *args, **kwargs)
         except TRANSIENT_ERRORS as exc:
-            messages.error(request, f"Redis is unreachable ({type(exc).__name__}: {exc}). Nothing was changed; "
-                                    "try again when it is back.")
+            if request.method == "POST" and request.POST.get("post") and may_have_run(exc):
+                # The action's command was sent and Redis did not answer: a frozen Redis runs it later.
+                messages.error(request, f"Redis did not answer ({type(exc).__name__}: {exc}): what was asked may or "
+                                        "may not have been done. The page shows what Redis holds once it is back.")
+            else:
+                messages.error(request, f"Redis is unreachable ({type(exc).__name__}: {exc}). Nothing was changed; "
+                                        "try again when it is back.")
             if request.method == "POST":
                 return HttpResponseRedirect(request.get_full_path())
             parent = request.path.rstrip("/").rsplit("/", 1)[0]

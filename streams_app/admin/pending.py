@@ -23,7 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from shoal_common.redis_errors import is_missing
+from shoal_common.redis_errors import is_missing, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
@@ -338,14 +338,20 @@ def _pending_action(model_admin, request, group, allowed):
                             items=[f"{stream} {i}" for i in ids], warning=warning,
                             hidden={"consumer": owner_value(target)} if target is not None else None,
                             ids=ids, form_action=back, id_field="entry")
+    failure, in_flight = None, []
     if across:
         filters, _ = parse_filters(request.GET)
         done, batches = [], []
-        for rows in matching(conn, stream, group.name, filters):
-            batch = _act(conn, request, stream, group.name, action,
-                         {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
-            done += batch
-            batches.append(batch)
+        try:
+            for rows in matching(conn, stream, group.name, filters):
+                in_flight = rows
+                batch = _act(conn, request, stream, group.name, action,
+                             {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+                in_flight = []
+                done += batch
+                batches.append(batch)
+        except TRANSIENT_ERRORS as exc:  # what the batches before did is reported and audited below
+            failure = exc
         ids = done
     else:
         done = _apply(conn, request, stream, group.name, action, ids, target)
@@ -361,6 +367,15 @@ def _pending_action(model_admin, request, group, allowed):
     else:
         log_actions(request, type(group), [(group.pk, f"{group} {i}", f"{verb} pending entry {i}{to}") for i in done],
                     CHANGE)
+    if failure is not None:
+        doubt = len(in_flight) if may_have_run(failure) else 0
+        model_admin.message_user(
+            request, f"{verb} {len(done)} pending entr{'ies' if len(done) != 1 else 'y'} of {group} before Redis "
+                     f"failed ({type(failure).__name__}: {failure})"
+                     + (f"; the next {doubt} may or may not have been (sent, and Redis did not answer)" if doubt else "")
+                     + "; the others were not. Do it again when Redis is back: the page lists what is still pending.",
+            messages.ERROR)
+        return HttpResponseRedirect(back)
     if done:
         model_admin.message_user(request, f"{verb} {len(done)} pending entr{'ies' if len(done) != 1 else 'y'} of {group}.",
                                  messages.SUCCESS)

@@ -382,3 +382,90 @@ def test_a_consumer_named_empty_is_offered_as_owner_and_claim_target_apart_from_
     client.post(url, {"action": "claim", "entry": [ids[2]], "consumer": "c2", "post": "yes"})
     assert redis.xpending_range("jobs", "a", ids[2], ids[2], 1)[0]["consumer"] == "c2"
     assert [e["id"] for e in client.get(url, {"consumer": "c2"}).context["entries"]] == ids[2:]
+
+
+# -- found on the way: a bulk pending action cut short said "Nothing was changed" and audited nothing ----
+
+def test_a_bulk_pending_action_cut_short_by_a_hung_redis_reports_and_audits_what_it_did(
+        staff_client, redis_factory, use_redis, settings, monkeypatch):
+    import os
+    import signal
+
+    from django.contrib.admin.models import LogEntry
+
+    from streams_app.admin import pending as pending_admin
+
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    server = redis_factory()
+    use_redis(server)
+    conn = server.client()
+    ids = pending(conn, "jobs", "a", [{"n": n} for n in range(1200)])  # three batches of BULK_BATCH (500)
+    client = staff_client("streams_app.ack_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    real, calls = pending_admin._act, []
+
+    def act_into_a_frozen_redis(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second batch's XACK is sent to a Redis that stopped answering
+            server.process.send_signal(signal.SIGSTOP)
+            os.waitpid(server.process.pid, os.WUNTRACED)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pending_admin, "_act", act_into_a_frozen_redis)
+    try:
+        done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "select_across": "1", "post": "yes"},
+                           follow=True)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    shown = messages_of(done)
+    assert not any("Nothing was changed" in m for m in shown), shown
+    [message] = [m for m in shown if "before Redis failed" in m]
+    assert message.startswith("Acknowledged 500 pending entries of jobs:a before Redis failed (TimeoutError"), message
+    assert "the next 500 may or may not have been" in message, message
+    # The batch that was done is audited, entry by entry.
+    [log] = LogEntry.objects.all()
+    assert log.change_message.startswith("Acknowledged 500 pending entries: ")
+    assert set(log.change_message.split(": ", 1)[1].split(", ")) == set(ids[:500])
+    from tests.waiting import wait_for
+
+    wait_for(lambda: conn.xpending("jobs", "a")["pending"] == 200, timeout=10, what="the batch in flight acked")
+
+
+def test_an_action_whose_command_redis_did_not_answer_does_not_claim_nothing_changed(
+        staff_client, redis_factory, use_redis, settings, monkeypatch):
+    import os
+    import signal
+
+    from streams_app.admin import pending as pending_admin
+    from tests.waiting import wait_for
+
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    server = redis_factory()
+    use_redis(server)
+    conn = server.client()
+    ids = pending(conn, "jobs", "a", [{"n": 1}, {"n": 2}])
+    client = staff_client("streams_app.ack_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    real = pending_admin._act
+
+    def act_into_a_frozen_redis(*args, **kwargs):
+        server.process.send_signal(signal.SIGSTOP)
+        os.waitpid(server.process.pid, os.WUNTRACED)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pending_admin, "_act", act_into_a_frozen_redis)
+    try:
+        done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "entry": ids, "post": "yes"}, follow=True)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    shown = messages_of(done)
+    assert not any("Nothing was changed" in m for m in shown), shown
+    assert any("may or may not have been done" in m for m in shown), shown
+    wait_for(lambda: conn.xpending("jobs", "a")["pending"] == 0, timeout=10, what="the XACK sent, then run")
+    # A Redis that refuses the connection ran nothing: that one still says so.
+    server.stop()
+    monkeypatch.setattr(pending_admin, "_act", real)
+    refused = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "entry": ids, "post": "yes"}, follow=True)
+    assert any("Nothing was changed" in m for m in messages_of(refused)), messages_of(refused)
