@@ -189,7 +189,8 @@ def test_a_process_consuming_two_groups_reports_an_outage_once(redis_factory, ru
     client = server.client()
     ids = publish_raw(client, "jobs", [{"n": n} for n in range(5)])
     for group in ("a", "b"):
-        wait_for(lambda: sorted(handled(client, "jobs", group)) == sorted(ids), timeout=30, what=f"{group} handled")
+        wait_for(lambda group=group: sorted(handled(client, "jobs", group)) == sorted(ids), timeout=30,
+                 what=f"{group} handled")
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     lines = [line for line in proc.output().splitlines() if "streams_app.consumer: Consumer " in line]
