@@ -59,13 +59,15 @@ def run_next(conn, now=None):
     counter = keys.replay_job_key(job.stream, job.pk)
     before = None
 
-    def progress(scanned, total, result):
+    def progress(scanned, total):
         # The letters replayed before (by a runner that died) left the dead-letter stream: they count
-        # as looked at. Skipped ones are still there and are looked at again: this run's count is all.
-        ReplayJob.objects.filter(pk=job.pk).update(scanned=before + scanned, total=before + total,
-                                                   replayed=before + len(result.replayed),
-                                                   skipped=len(result.skipped), heartbeat_at=timezone.now())
-        conn.expire(counter, COUNTER_TTL)
+        # as looked at. The replayed count is the script's own, runners before this one included.
+        pipe = conn.pipeline(transaction=False)
+        pipe.hget(counter, "replayed")
+        pipe.expire(counter, COUNTER_TTL)
+        replayed = max(before, int(pipe.execute()[0] or 0))
+        ReplayJob.objects.filter(pk=job.pk).update(scanned=before + scanned, total=before + total, replayed=replayed,
+                                                   heartbeat_at=timezone.now())
 
     logger.info("Reclaimer: replaying the dead letters of %s:%s (job %s)", job.stream, job.group, job.pk)
     try:
@@ -81,6 +83,7 @@ def run_next(conn, now=None):
         raise
     ReplayJob.objects.filter(pk=job.pk).update(
         state=ReplayJob.DONE, finished_at=timezone.now(), error="",
+        # Skipped letters are still in the dead-letter stream and were looked at again: this run's are all.
         replayed=before + len(result.replayed), skipped=len(result.skipped))
     _forget(conn, counter)
     job.refresh_from_db()

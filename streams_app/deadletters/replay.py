@@ -73,8 +73,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
     ``payload_override`` (any value ``publish`` takes: datetimes, Decimals... keep their types)
     replaces the payload of every replayed entry; None keeps the original (its ``payload_types``
     too), ``JSON_NULL`` replaces it with null.
-    ``progress(scanned, total, result)`` is called after each batch when ``all`` is set, with the
-    ReplayResult so far. ``counter``: a hash key in the stream's slot (keys.replay_job_key) whose
+    ``progress(scanned, total)`` is called after each batch when ``all`` is set. ``counter``: a hash key in the stream's slot (keys.replay_job_key) whose
     ``replayed`` field the replay script increments with each batch, in the same step (not for a
     logical stream, whose partitions are in slots of their own).
     """
@@ -171,7 +170,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
         _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
                       result, counter)
         if progress is not None:
-            progress(scanned, max(total, scanned), result)
+            progress(scanned, max(total, scanned))
     return result
 
 

@@ -46,7 +46,7 @@ class Command(ShoalCommand):
                 override = JSON_NULL  # --payload null: replay with the payload null, not the original
         progress = None
         if all and verbosity > 0:
-            def progress(scanned, total, result):
+            def progress(scanned, total):
                 self.stdout.write(f"  scanned {scanned}/{total} dead letters", ending="\r" if scanned < total else "\n")
                 self.stdout.flush()
         try:
