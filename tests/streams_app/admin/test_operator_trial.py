@@ -17,6 +17,44 @@ def messages_of(response):
     return [str(m) for m in response.context["messages"]]
 
 
+@pytest.fixture
+def hung_redis(redis_factory, use_redis, settings, monkeypatch):
+    """A private Redis the admin asks with a 0.5 s timeout, and ``freeze_before(owner, name, call)``:
+    Redis is stopped (SIGSTOP, waited for) just before the ``call``-th call of ``owner.name``, whose
+    command is then sent to a Redis that does not answer; continued by ``thaw()`` or at teardown."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    server = redis_factory()
+    use_redis(server)
+    frozen = []
+
+    def thaw():
+        if frozen:
+            server.process.send_signal(signal.SIGCONT)
+            frozen.clear()
+
+    def freeze_before(owner, name, call=1, when=lambda *args, **kwargs: True):
+        real, calls = getattr(owner, name), []
+
+        def wrapper(*args, **kwargs):
+            if when(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == call:
+                    server.process.send_signal(signal.SIGSTOP)
+                    os.waitpid(server.process.pid, os.WUNTRACED)  # stopped now, not in a moment
+                    frozen.append(True)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+        return calls
+
+    yield SimpleNamespace(server=server, conn=server.client(), freeze_before=freeze_before, thaw=thaw)
+    thaw()
+
+
 # -- item 2: Find a message on keys of another type -------------------------------------------------
 
 @pytest.mark.both_redis
@@ -131,41 +169,22 @@ def test_replaying_a_too_wide_dead_letter_says_why_it_cannot_and_keeps_it_listed
 
 # -- item 5: a bulk replay cut short: the batch in flight is in doubt --------------------------------
 
-def test_a_bulk_replay_cut_short_by_a_hung_redis_counts_the_batch_in_flight_as_in_doubt(
-        staff_client, redis_factory, use_redis, settings, monkeypatch):
-    import os
-    import signal
-
+def test_a_bulk_replay_cut_short_by_a_hung_redis_counts_the_batch_in_flight_as_in_doubt(staff_client, hung_redis):
     from streams_app import scripts
     from streams_app.admin import mirror
     from tests.waiting import wait_for
 
-    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
-    server = redis_factory()
-    use_redis(server)
-    conn = server.client()
+    conn = hung_redis.conn
     dead_letter(conn, [{"n": n} for n in range(600)])  # three batches of ACTION_BATCH (200)
     mirror.sync_all()
-    real, calls = scripts.run, []
-
-    def replay_script_into_a_frozen_redis(client, name, *args, **kwargs):
-        if name == "replay":
-            calls.append(1)
-            if len(calls) == 2:
-                # Redis freezes as the second batch's script is sent: the admin gives up after its 0.5 s,
-                # and Redis, continued, runs what was sent all the same.
-                server.process.send_signal(signal.SIGSTOP)
-                os.waitpid(server.process.pid, os.WUNTRACED)  # stopped now, not in a moment
-        return real(client, name, *args, **kwargs)
-
-    monkeypatch.setattr(scripts, "run", replay_script_into_a_frozen_redis)
+    # Redis freezes as the second batch's script is sent: the admin gives up after its 0.5 s, and
+    # Redis, continued, runs what was sent all the same.
+    calls = hung_redis.freeze_before(scripts, "run", call=2, when=lambda client, name, *args, **kwargs: name == "replay")
     client = staff_client("streams_app.replay_deadletter")
     pks = list(DeadLetter.objects.values_list("pk", flat=True))
-    try:
-        done = client.post(LETTERS, {"action": "replay_selected", "_selected_action": [str(pks[0])],
-                                     "select_across": "1", "index": "0", "post": "yes"}, follow=True)
-    finally:
-        server.process.send_signal(signal.SIGCONT)
+    done = client.post(LETTERS, {"action": "replay_selected", "_selected_action": [str(pks[0])], "select_across": "1",
+                                 "index": "0", "post": "yes"}, follow=True)
+    hung_redis.thaw()
     shown = messages_of(done)
     assert len(calls) == 2
     # What Redis did: the first batch and the one in flight both ran.
@@ -386,38 +405,21 @@ def test_a_consumer_named_empty_is_offered_as_owner_and_claim_target_apart_from_
 
 # -- found on the way: a bulk pending action cut short said "Nothing was changed" and audited nothing ----
 
-def test_a_bulk_pending_action_cut_short_by_a_hung_redis_reports_and_audits_what_it_did(
-        staff_client, redis_factory, use_redis, settings, monkeypatch):
-    import os
-    import signal
-
+def test_a_bulk_pending_action_cut_short_by_a_hung_redis_reports_and_audits_what_it_did(staff_client, hung_redis):
     from django.contrib.admin.models import LogEntry
 
     from streams_app.admin import pending as pending_admin
+    from tests.waiting import wait_for
 
-    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
-    server = redis_factory()
-    use_redis(server)
-    conn = server.client()
+    conn = hung_redis.conn
     ids = pending(conn, "jobs", "a", [{"n": n} for n in range(1200)])  # three batches of BULK_BATCH (500)
     client = staff_client("streams_app.ack_pending")
     client.get(GROUPS)
     group = ConsumerGroup.objects.get(name="a")
-    real, calls = pending_admin._act, []
-
-    def act_into_a_frozen_redis(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the second batch's XACK is sent to a Redis that stopped answering
-            server.process.send_signal(signal.SIGSTOP)
-            os.waitpid(server.process.pid, os.WUNTRACED)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pending_admin, "_act", act_into_a_frozen_redis)
-    try:
-        done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "select_across": "1", "post": "yes"},
-                           follow=True)
-    finally:
-        server.process.send_signal(signal.SIGCONT)
+    hung_redis.freeze_before(pending_admin, "_act", call=2)  # the second batch's XACK meets a frozen Redis
+    done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "select_across": "1", "post": "yes"},
+                       follow=True)
+    hung_redis.thaw()
     shown = messages_of(done)
     assert not any("Nothing was changed" in m for m in shown), shown
     [message] = [m for m in shown if "before Redis failed" in m]
@@ -427,45 +429,29 @@ def test_a_bulk_pending_action_cut_short_by_a_hung_redis_reports_and_audits_what
     [log] = LogEntry.objects.all()
     assert log.change_message.startswith("Acknowledged 500 pending entries: ")
     assert set(log.change_message.split(": ", 1)[1].split(", ")) == set(ids[:500])
-    from tests.waiting import wait_for
-
     wait_for(lambda: conn.xpending("jobs", "a")["pending"] == 200, timeout=10, what="the batch in flight acked")
 
 
-def test_an_action_whose_command_redis_did_not_answer_does_not_claim_nothing_changed(
-        staff_client, redis_factory, use_redis, settings, monkeypatch):
-    import os
-    import signal
-
+def test_an_action_whose_command_redis_did_not_answer_does_not_claim_nothing_changed(staff_client, hung_redis,
+                                                                                      monkeypatch):
     from streams_app.admin import pending as pending_admin
     from tests.waiting import wait_for
 
-    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
-    server = redis_factory()
-    use_redis(server)
-    conn = server.client()
+    conn = hung_redis.conn
     ids = pending(conn, "jobs", "a", [{"n": 1}, {"n": 2}])
     client = staff_client("streams_app.ack_pending")
     client.get(GROUPS)
     group = ConsumerGroup.objects.get(name="a")
     real = pending_admin._act
-
-    def act_into_a_frozen_redis(*args, **kwargs):
-        server.process.send_signal(signal.SIGSTOP)
-        os.waitpid(server.process.pid, os.WUNTRACED)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pending_admin, "_act", act_into_a_frozen_redis)
-    try:
-        done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "entry": ids, "post": "yes"}, follow=True)
-    finally:
-        server.process.send_signal(signal.SIGCONT)
+    hung_redis.freeze_before(pending_admin, "_act")
+    done = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "entry": ids, "post": "yes"}, follow=True)
+    hung_redis.thaw()
     shown = messages_of(done)
     assert not any("Nothing was changed" in m for m in shown), shown
     assert any("may or may not have been done" in m for m in shown), shown
     wait_for(lambda: conn.xpending("jobs", "a")["pending"] == 0, timeout=10, what="the XACK sent, then run")
     # A Redis that refuses the connection ran nothing: that one still says so.
-    server.stop()
+    hung_redis.server.stop()
     monkeypatch.setattr(pending_admin, "_act", real)
     refused = client.post(f"{GROUPS}{group.pk}/pending/", {"action": "ack", "entry": ids, "post": "yes"}, follow=True)
     assert any("Nothing was changed" in m for m in messages_of(refused)), messages_of(refused)
