@@ -8,6 +8,8 @@ filtered by object, kind of object, action and user; it needs ``admin.view_logen
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 
+from shoal_common.admin import refuse_forbidden_action
+
 AUDITED_APPS = ("streams_app", "discovery_app")
 
 
@@ -50,3 +52,7 @@ class AuditAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def changelist_view(self, request, extra_context=None):
+        refuse_forbidden_action(self, request)  # delete_selected: 403, as every Shoal action the user may not run
+        return super().changelist_view(request, extra_context)

@@ -14,6 +14,7 @@ from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from shoal_common.connections import TRANSIENT_ERRORS
+from shoal_common.redis_errors import may_have_run
 
 try:  # Django 6.1: actions may also show on the change form
     from django.contrib.admin import ActionLocation
@@ -27,7 +28,8 @@ def redis_unreachable_is_a_message(view):
     """An admin view that needs Redis answers an outage with a message and a redirect, never a 500.
 
     POST (an action): back to the same page, which shows the mirror's last copy. GET of a page
-    under an object (``<id>/pending/``, ``<id>/replay/``): to that object's page.
+    under an object (``<id>/pending/``, ``<id>/replay/``): to that object's page; of another page of
+    a model (``logical-pending/``): to the model's list.
     """
 
     @functools.wraps(view)
@@ -35,13 +37,37 @@ def redis_unreachable_is_a_message(view):
         try:
             return view(self, request, *args, **kwargs)
         except TRANSIENT_ERRORS as exc:
-            messages.error(request, f"Redis is unreachable ({type(exc).__name__}: {exc}). Nothing was changed; "
-                                    "try again when it is back.")
+            if request.method == "POST" and request.POST.get("post") and may_have_run(exc):
+                # The action's command was sent and Redis did not answer: a frozen Redis runs it later.
+                messages.error(request, f"Redis did not answer ({type(exc).__name__}: {exc}): what was asked may or "
+                                        "may not have been done. The page shows what Redis holds once it is back.")
+            else:
+                messages.error(request, f"Redis is unreachable ({type(exc).__name__}: {exc}). Nothing was changed; "
+                                        "try again when it is back.")
             if request.method == "POST":
                 return HttpResponseRedirect(request.get_full_path())
-            return HttpResponseRedirect(request.path.rstrip("/").rsplit("/", 1)[0] + "/change/")
+            parent = request.path.rstrip("/").rsplit("/", 1)[0]
+            return HttpResponseRedirect(parent + ("/change/" if parent.rsplit("/", 1)[-1].isdigit() else "/"))
 
     return wrapper
+
+
+def refuse_forbidden_action(model_admin, request):
+    """A POSTed action this user may not run is refused with 403, as every Shoal action answers.
+
+    Django leaves an action the user lacks permission for out of the choices and renders the list
+    again (200): nothing done and nothing said. Actions that do not exist are left to Django.
+    """
+    if request.method != "POST" or "action" not in request.POST:
+        return
+    try:
+        name = request.POST.getlist("action")[int(request.POST.get("index", 0))]
+    except (ValueError, IndexError):
+        raise Http404("no such action") from None
+    declared = {a if isinstance(a, str) else a.__name__ for a in model_admin.actions or ()}
+    known = declared | {site_name for site_name, _ in model_admin.admin_site.actions}
+    if name in known and name not in model_admin.get_actions(request):
+        raise PermissionDenied
 
 
 def log_actions(request, model, entries, action_flag):

@@ -55,25 +55,26 @@ def non_negative_seconds(text):
     return value
 
 
-def bad_flags_exit_config(parser):
-    """Make a malformed flag a configuration error: exit 3 with one line, not argparse's exit 2.
+def usage_errors_exit(parser, code):
+    """Make a usage error (an unknown flag, a malformed or missing argument) one line and exit ``code``.
 
-    For the long-running commands exit 2 means EXIT_FORCED (a second TERM: docs/operations.md), and
-    a service manager must not restart a command whose flags can never work.
+    argparse exits 2, which for Shoal means EXIT_FORCED (a second TERM: docs/operations.md); a
+    service manager must not take a command whose flags can never work for one that was stopped.
     """
     from django.core.management.base import CommandError
 
     def error(message):
         if getattr(parser, "called_from_command_line", False):
-            parser.exit(EXIT_CONFIG, f"{parser.prog}: error: {message} (--help lists the options)\n")
-        raise CommandError(f"Error: {message}", returncode=EXIT_CONFIG)
+            parser.exit(code, f"{parser.prog}: error: {message} (--help lists the options)\n")
+        raise CommandError(f"Error: {message}", returncode=code)
 
     parser.error = error
     return parser
 
 
 class ShoalCommand(BaseCommand):
-    """A Shoal command: its system checks leave the databases alone, on every supported Django.
+    """A Shoal command: a usage error is one line and exit 1 (the one-shot commands: publish, replay,
+    broadcast, discover), and its system checks leave the databases alone, on every supported Django.
 
     Django 6.1 hands the model checks every database unless told otherwise, and a JSONField's check
     then connects (5.2 did not). Shoal's commands need no database to start (a consumer whose handlers
@@ -82,13 +83,20 @@ class ShoalCommand(BaseCommand):
     ``manage.py check --database default`` still runs the database checks.
     """
 
+    usage_exit_code = 1
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        return usage_errors_exit(super().create_parser(prog_name, subcommand, **kwargs), self.usage_exit_code)
+
     def check(self, *args, databases=None, **kwargs):
         return super().check(*args, databases=[] if databases is None else databases, **kwargs)
 
 
 class DaemonCommand(ShoalCommand):
-    """A long-running command (runconsumer, runreclaimer, runrelay): failing system checks are
-    configuration errors, exit 3, so a service manager does not restart it in a loop."""
+    """A long-running command (runconsumer, runreclaimer, runrelay, register): usage errors and failing
+    system checks are configuration errors, exit 3, so a service manager does not restart it in a loop."""
+
+    usage_exit_code = EXIT_CONFIG
 
     def check(self, *args, **kwargs):
         try:

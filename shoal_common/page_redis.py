@@ -59,6 +59,12 @@ class OneAttempt:
         self.unwrapped = client
         self._state = state if state is not None else {}
 
+    @classmethod
+    def failed(cls, error):
+        """For a page whose client could not even be made (the first connection's probe met a hung
+        or absent Redis): every call fails at once with ``error``, as after any first failure."""
+        return cls(_Unmade(), {"error": error})
+
     @property
     def failure(self):
         return self._state.get("error")
@@ -80,6 +86,16 @@ class OneAttempt:
             if name == "pipeline":
                 return OneAttempt(result, self._state)
             return result
+
+        return call
+
+
+class _Unmade:
+    """Stands in for the client OneAttempt.failed never made: OneAttempt raises before calling it."""
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            raise redis.ConnectionError("no Redis client could be made on this page")
 
         return call
 

@@ -56,6 +56,24 @@ def is_no_permission(exc):
             or _says(exc, "user executing the script can't run"))
 
 
+# How redis-py words a failure to connect ("Error 111 connecting to ...", "Timeout connecting to
+# server"), and a page's call that was never made (shoal_common.page_redis.OneAttempt).
+_NOT_SENT = ("connecting to", "not asked again on this page", "no Redis client could be made")
+
+
+def may_have_run(exc):
+    """A connection error or timeout after which Redis may have run the command all the same.
+
+    Once a command is sent, a client that gives up waiting (a hung Redis, a broken connection)
+    cannot know whether it ran: a frozen Redis runs what it received when it is continued. Only an
+    error in connecting says that nothing was sent. A cluster's refusals (CLUSTERDOWN, MOVED...)
+    ran nothing either.
+    """
+    if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return False
+    return not any(text in str(exc) for text in _NOT_SENT)
+
+
 def is_unblocked(exc):
     """A blocked command cut short because its node stopped being a master (``-UNBLOCKED ...``).
 

@@ -12,6 +12,8 @@ per-node commands (CLIENT LIST/UNBLOCK/ID, INFO) go to ``node_client(conn, key)`
 scripts that share a pipeline with other commands use ``slot_pipeline(conn, key)`` (a cluster
 pipeline refuses scripts; a plain pipeline on the node that holds the slot runs them).
 """
+import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -20,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from django_redis.pool import ConnectionFactory as DjangoRedisConnectionFactory
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import (
     AskError, ClusterDownError, ClusterError, MasterDownError, MovedError, SlotNotCoveredError, TryAgainError,
@@ -134,9 +138,26 @@ def cluster_url(url):
     return False, url
 
 
-def probe_cluster_mode(url, timeout=5):
-    """True when the server at ``url`` runs with cluster-enabled (``INFO cluster``)."""
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+# Set by a web page (probing_within): the seconds a first connection's probe may take, asked once.
+_page_probe_timeout = contextvars.ContextVar("shoal_page_probe_timeout", default=None)
+
+
+@contextlib.contextmanager
+def probing_within(seconds):
+    """Inside, a client made for the first time in this process probes the server within ``seconds``
+    and without retrying: a web page never waits on a hung Redis longer than its own timeout
+    (the probe's 5 s, retried by redis-py, suit a daemon that waits for Redis anyway)."""
+    token = _page_probe_timeout.set(seconds)
+    try:
+        yield
+    finally:
+        _page_probe_timeout.reset(token)
+
+
+def probe_cluster_mode(url, timeout=5, once=False):
+    """True when the server at ``url`` runs with cluster-enabled (``INFO cluster``); ``once``: no retry."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  **({"retry": Retry(NoBackoff(), 0)} if once else {}))
     try:
         return bool(client.info("cluster").get("cluster_enabled"))
     except redis.exceptions.NoPermissionError:
@@ -168,7 +189,9 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
         mode = self._modes.get(key)
         if mode is None:
             forced, plain_url = cluster_url(url)
-            mode = "cluster" if forced or probe_cluster_mode(plain_url) else "single"
+            limit = _page_probe_timeout.get()
+            probe = {"timeout": limit, "once": True} if limit is not None else {}
+            mode = "cluster" if forced or probe_cluster_mode(plain_url, **probe) else "single"
             self._modes[key] = mode
         if mode == "single":
             return super().connect(url)

@@ -5,7 +5,7 @@ One server or a Redis Cluster: the per-node helpers are shoal_common.redisconn's
 from shoal_common import connections
 from shoal_common.connections import TRANSIENT_ERRORS  # noqa: F401  (re-exported: the apps' modules import it here)
 from shoal_common.redisconn import (  # noqa: F401  (re-exported)
-    is_cluster, node_client, per_slot, recover, slot_pipeline,
+    is_cluster, node_client, per_slot, probing_within, recover, slot_pipeline,
 )
 from shoal_common.page_redis import OneAttempt, short_timeout_client
 from streams_app.conf import setting
@@ -21,13 +21,24 @@ def dedicated_connection(client_name):
 
 
 def web_connection():
-    """The shared client with the admin's short timeout (``STREAMS["ADMIN_REDIS_TIMEOUT"]``), no retry."""
-    return short_timeout_client(get_connection(), setting("ADMIN_REDIS_TIMEOUT"))
+    """The shared client with the admin's short timeout (``STREAMS["ADMIN_REDIS_TIMEOUT"]``), no retry.
+
+    Made for the first time in a process (a gunicorn worker started during an outage), the shared
+    client asks Redis whether it is a cluster: within that timeout too, once.
+    """
+    timeout = setting("ADMIN_REDIS_TIMEOUT")
+    with probing_within(timeout):
+        shared = get_connection()
+    return short_timeout_client(shared, timeout)
 
 
 def page_connection(request):
     """The web client for one request, which asks a hung Redis once (shoal_common.page_redis.OneAttempt)."""
     conn = getattr(request, "_shoal_redis", None)
     if conn is None:
-        conn = request._shoal_redis = OneAttempt(web_connection())
+        try:
+            conn = OneAttempt(web_connection())
+        except TRANSIENT_ERRORS as exc:  # the first connection's probe: the page shows the last copy
+            conn = OneAttempt.failed(exc)
+        request._shoal_redis = conn
     return conn

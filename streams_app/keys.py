@@ -58,6 +58,12 @@ def groups_key(stream):
     return f"{hash_tag(stream)}:groups"
 
 
+def replay_job_key(stream, job_id):
+    """What a background replay job (streams_app/deadletters/jobs.py) has replayed so far (a hash),
+    counted by the replay script itself: exact across a runner that died and a takeover."""
+    return f"{hash_tag(stream)}:replay-job:{job_id}"
+
+
 def liveness_key(stream):
     """Consumer name -> liveness deadline (ms, Redis clock) of the consumers reading ``stream``."""
     return f"{hash_tag(stream)}:consumers"

@@ -112,8 +112,9 @@ def logical_pending(model_admin, request):
     conn = page_connection(request)
     rows = {g.stream.name: g for g in ConsumerGroup.objects.filter(stream__name__in=names, name=group)
             .select_related("stream")}
-    per_partition, merged = [], []
+    per_partition, merged, unreachable = [], [], ""
     for index, stream in enumerate(names):
+        row = rows.get(stream)
         try:
             total = conn.xpending(stream, group).get("pending", 0)
             page, _ = read_pending_page(conn, stream, group, count=PENDING_PAGE_SIZE)
@@ -121,7 +122,11 @@ def logical_pending(model_admin, request):
             if not is_missing(exc):
                 raise
             total, page = None, []  # no such group (or stream) on this partition yet
-        row = rows.get(stream)
+        except TRANSIENT_ERRORS as exc:
+            # As every other page: the mirror's last copy (the counts, with their age), and why.
+            unreachable = unreachable or (f"Redis is unreachable ({type(exc).__name__}: {exc}): the entries cannot "
+                                          "be listed now. The counts are the mirror's last copy.")
+            total, page = (row.pending if row else None), []
         url = reverse("admin:streams_app_consumergroup_pending", args=[row.pk]) if row else ""
         per_partition.append({"index": index, "name": stream, "pending": total, "url": url})
         merged.extend({**entry, "partition": stream, "index": index, "url": url} for entry in page)
@@ -130,6 +135,7 @@ def logical_pending(model_admin, request):
     context = {
         **_context(model_admin, request, f"Pending entries of {group} on {name}"),
         "mirror": mirror,
+        "unreachable": unreachable,
         "name": name,
         "group": group,
         "logical_url": logical_url(name),

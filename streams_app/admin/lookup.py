@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from shoal_common.redis_errors import is_missing
+from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
@@ -48,8 +48,10 @@ class Place:
 @dataclass
 class Found:
     entry_id: str
-    fields: dict | None  # None: no longer in the stream (trimmed or deleted)
+    fields: dict | None  # None: not in the stream (``absence`` says more)
     places: list = field(default_factory=list)
+    problem: str = ""  # what could not be looked at (a dead-letter key of another type)
+    absence: str = ""  # why the entry is not in the stream, when it is not
 
     @property
     def payload(self):
@@ -93,16 +95,33 @@ def locate(conn, stream, entry_id):
     fields = {_text(k): _text(v) for k, v in entry[0][1].items()} if entry else None
     groups = conn.xinfo_groups(stream)
     since = entry_id.split("-")[0]  # letters and replays come after the entry, so read from its time on
-    letters, letters_cut = _scan_forward(conn, keys.dead_letter_key(stream), since,
-                                         lambda f: _field(f, "shoal:origin_id") == entry_id)
-    replays, replays_cut = _scan_forward(conn, stream, since, lambda f: _field(f, REPLAY_OF) == entry_id)
     found = Found(entry_id, fields)
+    if fields is None:
+        # Past the stream's last id, the entry never was; below it, it may have been deleted or trimmed.
+        last = _text(conn.xinfo_stream(stream)["last-generated-id"])
+        found.absence = (f"not in the stream: past its last entry id {last}" if id_key(entry_id) > id_key(last)
+                         else "not in the stream: deleted or trimmed, or never there")
+    try:
+        letters, letters_cut = _scan_forward(conn, keys.dead_letter_key(stream), since,
+                                             lambda f: _field(f, "shoal:origin_id") == entry_id)
+    except redis.ResponseError as exc:
+        if not is_wrongtype(exc):
+            raise
+        # The other places (pending, handled...) still say where the entry is.
+        letters, letters_cut = [], False
+        found.problem = (f"{_not_a_stream(conn, keys.dead_letter_key(stream))}: its dead letters cannot be looked "
+                         "for.")
+    replays, replays_cut = _scan_forward(conn, stream, since, lambda f: _field(f, REPLAY_OF) == entry_id)
     target = fields.get(TARGET_GROUP) if fields else None
     for info in groups:
         group = _text(info["name"])
         found.places.append(_place(conn, stream, group, entry_id, target, _text(info["last-delivered-id"]),
                                    letters, replays))
     return found, letters_cut or replays_cut
+
+
+def _not_a_stream(conn, key):
+    return f"Redis key {key!r} holds a {_text(conn.type(key))}, not a stream"
 
 
 def _place(conn, stream, group, entry_id, target, last_delivered, letters, replays):
@@ -154,9 +173,12 @@ def find_message(model_admin, request):
                 results.append(found)
                 cut = cut or more
         except redis.ResponseError as exc:
-            if not is_missing(exc):
+            if is_wrongtype(exc):
+                problem = f"{_not_a_stream(conn, stream)}; Shoal leaves it as it is."
+            elif is_missing(exc):
+                problem = f"Stream {stream} does not exist in Redis (or has no groups)."
+            else:
                 raise
-            problem = f"Stream {stream} does not exist in Redis (or has no groups)."
         except TRANSIENT_ERRORS as exc:
             problem = f"Redis is unreachable ({type(exc).__name__}: {exc}); try again when it is back."
     context = {

@@ -136,6 +136,8 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
                                       (stale, alive), now, "; ".join(problems), waiting[name])
                 if name in dlq_lengths:
                     sync_dead_letters(stream, conn=conn, now=now, limit=dlq_limit)
+                else:
+                    forget_dead_letters(stream)
                 _count_group_dead_letters(stream)
         except TRANSIENT_ERRORS:
             raise
@@ -335,6 +337,17 @@ def prune_dead_letters(stream, conn=None):
     for start in range(0, len(gone), DLQ_PAGE):
         DeadLetter.objects.filter(stream=stream, entry_id__in=gone[start : start + DLQ_PAGE]).delete()
     return len(gone)
+
+
+def forget_dead_letters(stream):
+    """No dead-letter stream in Redis (deleted, FLUSHALL, a restart without persistence, a key of
+    another type, another Redis): Redis is the source of truth, so the stream has no dead letters."""
+    from streams_app.models import DeadLetter
+
+    DeadLetter.objects.filter(stream=stream.name).delete()
+    if stream.dlq_cursor != "0-0":
+        stream.dlq_cursor = "0-0"
+        stream.save(update_fields=["dlq_cursor"])
 
 
 # -- the whole mirror -------------------------------------------------------------------------

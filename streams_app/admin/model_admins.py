@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
+from shoal_common.redis_errors import may_have_run
 from streams_app import keys, partitions
 
 from streams_app.admin import logical as logical_views
@@ -31,7 +32,7 @@ from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
-from streams_app.deadletters.replay import replay
+from streams_app.deadletters.replay import SKIP_REASONS, replay
 
 # Dead letters per replay / delete call: one script run stays short however many are selected.
 ACTION_BATCH = 200
@@ -376,7 +377,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             return self._confirm(request, queryset, "replay_selected", "Replay dead letters",
                                  "Each goes back to its origin stream for the group that failed it only.")
         conn = web_connection()
-        replayed, gone = 0, 0
+        replayed, gone, kept = 0, 0, {}
         batches = list(_batches(queryset))
         for done, ((stream, group), batch) in enumerate(batches):
             by_entry = {d["entry_id"]: d for d in batch}
@@ -394,14 +395,21 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
                 for old, new in result.replayed
             ], CHANGE)
             replayed += len(result.replayed)
-            gone += len(result.skipped)
-            DeadLetter.objects.filter(pk__in=[d["pk"] for d in batch]).delete()
+            missing = [i for i, why in result.skipped.items() if why == "missing"]
+            gone += len(missing)
+            for entry_id, why in result.skipped.items():
+                if why != "missing":
+                    kept.setdefault(why, []).append(entry_id)
+            # A letter still in Redis (too wide to replay) stays listed; replayed and vanished ones go.
+            DeadLetter.objects.filter(pk__in=[by_entry[i]["pk"] for i in [*dict(result.replayed), *missing]]).delete()
         else:
             _report(self, request, replayed, gone, "Replayed")
+            _not_replayed(self, request, kept)
             mirror.try_sync(conn)
             return None
         if gone:
             _report(self, request, 0, gone, "Replayed")
+        _not_replayed(self, request, kept)
         return None
 
     @admin.action(permissions=["delete_deadletter"], description="Delete selected dead letters")
@@ -433,12 +441,20 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
 
 
 def _interrupted(model_admin, request, exc, verb, participle, done, remaining):
-    """Redis failed part-way through a bulk action: say what was done and what was not, never "nothing"."""
-    left = sum(len(batch) for _, batch in remaining)
+    """Redis failed part-way through a bulk action: say what was done and what was not, never "nothing".
+
+    The batch in flight (``remaining[0]``) is in doubt when its command may have reached Redis: a
+    client that gave up waiting cannot know whether it ran (a frozen Redis runs it when continued).
+    """
+    in_flight = len(remaining[0][1]) if remaining and may_have_run(exc) else 0
+    left = sum(len(batch) for _, batch in remaining) - in_flight
+    doubt = (f"; the next {in_flight} may or may not have been {participle} (they were sent and Redis did not "
+             f"answer: the list shows which are still dead letters once it does)" if in_flight else "")
+    rest = f"; the other {left} were not {participle}" if left else ""
     model_admin.message_user(
         request,
-        f"{verb} {done} dead letter{'s' if done != 1 else ''} before Redis failed ({type(exc).__name__}: {exc}); "
-        f"the other {left} were not {participle}. They are still listed: select them again when Redis is back.",
+        f"{verb} {done} dead letter{'s' if done != 1 else ''} before Redis failed ({type(exc).__name__}: {exc})"
+        f"{doubt}{rest}. They are still listed: select them again when Redis is back.",
         messages.ERROR,
     )
 
@@ -468,3 +484,14 @@ def _report(model_admin, request, done, gone, verb):
             "someone else meanwhile. Nothing was done to them.",
             messages.WARNING,
         )
+
+
+def _not_replayed(model_admin, request, kept):
+    """Letters the replay left where they are (too wide for the script...): why, and which."""
+    for why, ids in kept.items():
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        model_admin.message_user(
+            request, f"{len(ids)} dead letter{'s were' if len(ids) != 1 else ' was'} not replayed: {shown}: "
+                     f"{SKIP_REASONS[why]}. {'They stay' if len(ids) != 1 else 'It stays'} in the dead letters.",
+            messages.WARNING)
+

@@ -23,7 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from shoal_common.redis_errors import is_missing
+from shoal_common.redis_errors import is_missing, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
@@ -60,23 +60,52 @@ def _text(value):
     return to_text(value, errors="backslashreplace")
 
 
+def owner_value(name):
+    """A consumer name as the page's forms send it: "=" and the name. Any text can be a consumer's
+    name, the empty one too, so no name may stand for "any owner" or "none chosen" ("")."""
+    return "=" + name
+
+
+def parse_owner(value):
+    """A consumer name from a form or a link: None when none was chosen (""), the name after "=" (as
+    the forms send it), else the value itself (as links and scripts pass a plain name)."""
+    if not value:
+        return None
+    return value[1:] if value.startswith("=") else value
+
+
+def owner_label(name):
+    return name if name else "(empty name)"
+
+
 @dataclass(frozen=True)
 class Filters:
-    consumer: str = ""
+    consumer: str | None = None  # None: any owner; "" is the consumer named ""
     min_idle: float = 0.0  # seconds
     min_deliveries: int = 0
 
     @property
     def active(self):
-        return bool(self.consumer or self.min_idle or self.min_deliveries)
+        return bool(self.consumer is not None or self.min_idle or self.min_deliveries)
 
     def query(self):
-        return {k: v for k, v in (("consumer", self.consumer), ("min_idle", f"{self.min_idle:g}" if self.min_idle else ""),
+        owner = "" if self.consumer is None else (
+            self.consumer if self.consumer and not self.consumer.startswith("=") else owner_value(self.consumer))
+        return {k: v for k, v in (("consumer", owner), ("min_idle", f"{self.min_idle:g}" if self.min_idle else ""),
                                   ("min_deliveries", self.min_deliveries or "")) if v}
 
 
+def _pending_range(conn, stream, group, start, count, filters):
+    """XPENDING's extended form with the filters of its own (owner, idle). Sent as a command: redis-py's
+    ``xpending_range`` leaves a consumer named "" out, which would list every owner's entries."""
+    args = [stream, group, *(["IDLE", int(filters.min_idle * 1000)] if filters.min_idle else []), start, "+", count]
+    if filters.consumer is not None:
+        args.append(filters.consumer)
+    return conn.execute_command("XPENDING", *args, parse_detail=True)
+
+
 def describe(filters):
-    parts = [f"owner {filters.consumer}"] if filters.consumer else []
+    parts = [f"owner {owner_label(filters.consumer)}"] if filters.consumer is not None else []
     parts += [f"idle at least {filters.min_idle:g} s"] if filters.min_idle else []
     parts += [f"at least {filters.min_deliveries} deliveries"] if filters.min_deliveries else []
     return ", ".join(parts)
@@ -84,7 +113,7 @@ def describe(filters):
 
 def parse_filters(params):
     """Filters from the query string; (Filters, problems) where a malformed value is left out and named."""
-    problems, values = [], {"consumer": params.get("consumer", "")[:300]}
+    problems, values = [], {"consumer": parse_owner(params.get("consumer", "")[:301])}
     for name, kind in (("min_idle", float), ("min_deliveries", int)):
         raw = params.get(name, "").strip()
         if not raw:
@@ -107,15 +136,10 @@ def read_pending_page(conn, stream, group, after=None, count=PENDING_PAGE_SIZE, 
     Without a delivery filter: one XPENDING and one pipeline, whatever the PEL's size.
     """
     start = "(" + after if after else "-"
-    extra = {}
-    if filters.consumer:
-        extra["consumername"] = filters.consumer
-    if filters.min_idle:
-        extra["idle"] = int(filters.min_idle * 1000)
     rows, more, scanned = [], False, 0
     while True:
         batch_size = count + 1 if not filters.min_deliveries else max(200, count * 4)
-        batch = conn.xpending_range(stream, group, min=start, max="+", count=batch_size, **extra)
+        batch = _pending_range(conn, stream, group, start, batch_size, filters)
         scanned += len(batch)
         for row in batch:
             if row["times_delivered"] >= filters.min_deliveries:
@@ -237,7 +261,9 @@ def pending_entries(model_admin, request, object_id):
         "entries": page,
         "after": after,
         "filters": filters,
-        "owners": sorted({*(c.name for c in consumers), filters.consumer} - {""}),
+        "owners": [(owner_value(name), owner_label(name), name == filters.consumer) for name in
+                   sorted({*(c.name for c in consumers), *([] if filters.consumer is None else [filters.consumer])})],
+        "claim_targets": [(owner_value(c.name), owner_label(c.name), c) for c in consumers if c.claimable],
         "next_url": f"?{urlencode({**filters.query(), 'after': next_after})}" if next_after else "",
         "first_url": request.path + (f"?{urlencode(filters.query())}" if filters.active else "") if after else "",
         "actions": [(name, spec[1]) for name, spec in allowed.items()],
@@ -254,14 +280,9 @@ def pending_entries(model_admin, request, object_id):
 def matching(conn, stream, group, filters, batch=BULK_BATCH):
     """Every pending entry matching ``filters``, oldest first, as XPENDING rows in batches: what a
     bulk action works through on the server, page after page, however many there are."""
-    extra = {}
-    if filters.consumer:
-        extra["consumername"] = filters.consumer
-    if filters.min_idle:
-        extra["idle"] = int(filters.min_idle * 1000)
     start = "-"
     while True:
-        rows = conn.xpending_range(stream, group, min=start, max="+", count=batch, **extra)
+        rows = _pending_range(conn, stream, group, start, batch, filters)
         chosen = [r for r in rows if r["times_delivered"] >= filters.min_deliveries]
         if chosen:
             yield chosen
@@ -279,7 +300,7 @@ def _pending_action(model_admin, request, group, allowed):
     across = request.POST.get("select_across") == "1"
     ids = [] if across else check_entry_ids(request.POST.getlist("entry"))
     stream = group.stream.name
-    target = request.POST.get("consumer", "")
+    target = parse_owner(request.POST.get("consumer", ""))
     back = request.get_full_path()
     conn = web_connection()
     if action == "claim" and target not in {c.name for c in group_consumers(conn, stream, group.name) if c.claimable}:
@@ -293,7 +314,7 @@ def _pending_action(model_admin, request, group, allowed):
             "retry": f"Each entry stays with its consumer but becomes due at once: the next claim pass of a live "
                      f"consumer of the group (every {interval:g} s) delivers it, whatever its back-off. Delivery "
                      f"counts stay as they are. " + RUNNING_WARNING,
-            "claim": f"The entries become pending for consumer {target} and due at once: its next claim pass (every "
+            "claim": f"The entries become pending for consumer {owner_label(target or '')} and due at once: its next claim pass (every "
                      f"{interval:g} s) delivers them, or another live consumer's if it comes first. Delivery counts "
                      f"stay as they are. " + RUNNING_WARNING,
             "deadletter": "The entries leave the group's pending list and go to the dead-letter stream, from where "
@@ -310,26 +331,33 @@ def _pending_action(model_admin, request, group, allowed):
                         f"{' (' + describe(filters) + ')' if filters.active else ''}; the count below is as of now.")
             return confirmation(request, model_admin, title=f"{PENDING_ACTIONS[action][1]}: {group}", action=action,
                                 items=[f"{stream} {i}" for i in found[:CONFIRM_LISTED]], warning=warning,
-                                hidden={"consumer": target} if target else None, select_across=True,
+                                hidden={"consumer": owner_value(target)} if target is not None else None,
+                                select_across=True,
                                 count=len(found), form_action=back, id_field="entry")
         return confirmation(request, model_admin, title=f"{PENDING_ACTIONS[action][1]}: {group}", action=action,
                             items=[f"{stream} {i}" for i in ids], warning=warning,
-                            hidden={"consumer": target} if target else None,
+                            hidden={"consumer": owner_value(target)} if target is not None else None,
                             ids=ids, form_action=back, id_field="entry")
+    failure, in_flight = None, []
     if across:
         filters, _ = parse_filters(request.GET)
         done, batches = [], []
-        for rows in matching(conn, stream, group.name, filters):
-            batch = _act(conn, request, stream, group.name, action,
-                         {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
-            done += batch
-            batches.append(batch)
+        try:
+            for rows in matching(conn, stream, group.name, filters):
+                in_flight = rows
+                batch = _act(conn, request, stream, group.name, action,
+                             {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+                in_flight = []
+                done += batch
+                batches.append(batch)
+        except TRANSIENT_ERRORS as exc:  # what the batches before did is reported and audited below
+            failure = exc
         ids = done
     else:
         done = _apply(conn, request, stream, group.name, action, ids, target)
     gone = len(ids) - len(done)
     verb = PENDING_ACTIONS[action][2]
-    to = f" to consumer {target}" if action == "claim" else ""
+    to = f" to consumer {owner_label(target)}" if action == "claim" else ""
     if across:
         # One LogEntry per batch, naming each of its entries: 50,000 rows would cost more than the action.
         where = f" matching {describe(filters)}" if filters.active else ""
@@ -339,6 +367,15 @@ def _pending_action(model_admin, request, group, allowed):
     else:
         log_actions(request, type(group), [(group.pk, f"{group} {i}", f"{verb} pending entry {i}{to}") for i in done],
                     CHANGE)
+    if failure is not None:
+        doubt = len(in_flight) if may_have_run(failure) else 0
+        model_admin.message_user(
+            request, f"{verb} {len(done)} pending entr{'ies' if len(done) != 1 else 'y'} of {group} before Redis "
+                     f"failed ({type(failure).__name__}: {failure})"
+                     + (f"; the next {doubt} may or may not have been (sent, and Redis did not answer)" if doubt else "")
+                     + "; the others were not. Do it again when Redis is back: the page lists what is still pending.",
+            messages.ERROR)
+        return HttpResponseRedirect(back)
     if done:
         model_admin.message_user(request, f"{verb} {len(done)} pending entr{'ies' if len(done) != 1 else 'y'} of {group}.",
                                  messages.SUCCESS)

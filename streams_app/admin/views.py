@@ -19,7 +19,7 @@ from streams_app.exceptions import PublishError, ReplayError
 from streams_app.producer import encode_payload
 from shoal_common.text import to_text
 from streams_app.codec import apply_types
-from streams_app.deadletters.replay import JSON_NULL, replay
+from streams_app.deadletters.replay import JSON_NULL, SKIP_REASONS, replay
 
 
 AUDIT_PAYLOAD = 2000  # characters of an edited payload kept in its LogEntry
@@ -126,6 +126,11 @@ def _do_replay_edited(model_admin, request, letter, payload, changelist):
         model_admin.message_user(request, f"Not replayed: {exc}", messages.ERROR)
         return HttpResponseRedirect(request.path)
     letter_pk, letter_repr = letter.pk, str(letter)
+    why = result.skipped.get(letter.entry_id)
+    if why not in (None, "missing"):  # still in Redis (too wide for the script): it stays listed
+        model_admin.message_user(request, f"Dead letter {letter.entry_id} was not replayed: {SKIP_REASONS[why]}. "
+                                          "It stays in the dead letters.", messages.WARNING)
+        return HttpResponseRedirect(changelist)
     letter.delete()
     if not result.replayed:
         model_admin.message_user(request, f"Dead letter {letter.entry_id} is no longer in Redis: it was replayed or "

@@ -33,6 +33,7 @@ from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_p
 from streams_app.consuming import refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.groups import ensure_group
+from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
 from streams_app.consuming.outcomes import Outcome, Status
@@ -61,7 +62,7 @@ _str = to_text
 
 class GroupLoop(TakeOver):
     def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
-                 concurrency=None):
+                 concurrency=None, outage=None):
         self.spec = spec
         self.stream = spec.stream
         self.group = spec.group
@@ -120,6 +121,7 @@ class GroupLoop(TakeOver):
         self.dead_lettered = 0
         self.reading = False  # inside a blocking XREADGROUP (shutdown unblocks it)
         self.failures = 0
+        self.outage = outage if outage is not None else OutageLog()  # the worker's, shared by its loops
         self.handled = 0
         self.consumer_ttl = config["CONSUMER_TTL"]
         self.judge_dead_after = 0.0  # see _claim_from_dead
@@ -516,12 +518,14 @@ class GroupLoop(TakeOver):
     def _redis_down(self, exc):
         self.failures += 1
         recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
-        if self.failures == 1:
+        if self.failures == 1 and self.outage.went_down(self):
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
         self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
 
     def _redis_ok(self):
         if self.failures:
             self.judge_dead_after = self.clock() + self.consumer_ttl
-            logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer, self.failures)
+            if self.outage.came_back(self):
+                logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer,
+                               self.failures)
             self.failures = 0

@@ -36,6 +36,7 @@ from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.naming import consumer_name
 from streams_app.scheduled import Mover
+from streams_app.consuming.outage import OutageLog
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -86,6 +87,7 @@ class Worker:
         self.leases = LeaseTable(self.name, config, clock)  # ordered consumers' partition leases
         self.mover = Mover(self.streams, config=config, clock=clock, name=self.name,  # deferred messages
                            refused=refusals.refused)
+        self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -150,6 +152,7 @@ class Worker:
                 spec, self.name, conn=conn, reader=self._connect(self.reader_client_name), **ordered,
                 executor=self.event_loop if spec.is_async else self.executor, threads=self.threads,
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
+                outage=self.outage,
             )
             if not self.can_unblock:
                 loop.block_ms = min(loop.block_ms, SHORT_BLOCK_MS)

@@ -4,7 +4,9 @@ A replay of 100,000 letters takes longer than any HTTP request may. The admin qu
 each reclaim pass runs the oldest queued one (``run_next``) with ``replay(all=True)``, which reads
 the dead-letter stream in batches and removes each letter it replays, recording progress after every
 batch. A job whose runner died (no heartbeat for STALE_AFTER) is taken over by the next pass:
-replaying again is safe, since what was replayed left the dead-letter stream.
+replaying again is safe, since what was replayed left the dead-letter stream. Its counts go on from
+what the dead runner did: the replay script counts each batch in Redis in the same step
+(keys.replay_job_key), so even a batch whose runner died before recording it is counted.
 """
 import logging
 from datetime import timedelta
@@ -12,6 +14,7 @@ from datetime import timedelta
 import redis
 from django.utils import timezone
 
+from streams_app import keys
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.deadletters.replay import replay
 from streams_app.exceptions import ReplayError
@@ -19,6 +22,7 @@ from streams_app.exceptions import ReplayError
 logger = logging.getLogger("streams_app.reclaim")
 
 STALE_AFTER = timedelta(minutes=2)
+COUNTER_TTL = 86_400  # seconds the Redis count of a job outlives its last batch (a takeover comes within minutes)
 
 
 def queue(stream, group, requested_by=""):
@@ -52,21 +56,43 @@ def run_next(conn, now=None):
     if job is None:
         return None
 
+    counter = keys.replay_job_key(job.stream, job.pk)
+    before = None
+
     def progress(scanned, total):
-        ReplayJob.objects.filter(pk=job.pk).update(scanned=scanned, total=total, heartbeat_at=timezone.now())
+        # The letters replayed before (by a runner that died) left the dead-letter stream: they count
+        # as looked at. The replayed count is the script's own, runners before this one included.
+        pipe = conn.pipeline(transaction=False)
+        pipe.hget(counter, "replayed")
+        pipe.expire(counter, COUNTER_TTL)
+        replayed = max(before, int(pipe.execute()[0] or 0))
+        ReplayJob.objects.filter(pk=job.pk).update(scanned=before + scanned, total=before + total, replayed=replayed,
+                                                   heartbeat_at=timezone.now())
 
     logger.info("Reclaimer: replaying the dead letters of %s:%s (job %s)", job.stream, job.group, job.pk)
     try:
-        result = replay(job.stream, job.group, all=True, conn=conn, progress=progress)
+        # What runners before this one replayed, counted by the script (the row may miss their last batch).
+        before = max(job.replayed, int(conn.hget(counter, "replayed") or 0))
+        result = replay(job.stream, job.group, all=True, conn=conn, progress=progress, counter=counter)
     except (ReplayError, redis.ResponseError) as exc:
         ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.FAILED, error=str(exc), finished_at=timezone.now())
+        _forget(conn, counter)
         return job
     except TRANSIENT_ERRORS as exc:
         ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.QUEUED, error=f"interrupted ({exc}); goes on")
         raise
     ReplayJob.objects.filter(pk=job.pk).update(
         state=ReplayJob.DONE, finished_at=timezone.now(), error="",
-        replayed=job.replayed + len(result.replayed), skipped=job.skipped + len(result.skipped))
+        # Skipped letters are still in the dead-letter stream and were looked at again: this run's are all.
+        replayed=before + len(result.replayed), skipped=len(result.skipped))
+    _forget(conn, counter)
     job.refresh_from_db()
     logger.info("Reclaimer: replayed %d dead letters of %s:%s (job %s)", job.replayed, job.stream, job.group, job.pk)
     return job
+
+
+def _forget(conn, counter):
+    try:
+        conn.delete(counter)
+    except TRANSIENT_ERRORS:
+        pass  # it expires (COUNTER_TTL)

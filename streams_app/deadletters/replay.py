@@ -13,7 +13,7 @@ import redis
 
 from streams_app import keys, partitions, scripts
 from streams_app.connection import get_connection
-from streams_app.deadletters.store import DeadLetter, get_dead_letters
+from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, get_dead_letters
 from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
@@ -25,6 +25,14 @@ from streams_app.names import validate_stream_name
 from streams_app.producer import encode_payload
 
 REPLAY_BATCH = 200
+
+# Why a dead letter was skipped (ReplayResult.skipped), in words for the CLI and the admin.
+SKIP_REASONS = {
+    "missing": "not in the dead-letter stream",
+    "other-group": "dead-lettered by another group",
+    "too-wide": "too many fields to re-publish from a script (over 3,500, kept packed in shoal:fields); copy it "
+                "with XADD yourself",
+}
 
 
 @dataclass
@@ -60,13 +68,16 @@ def _override_text(payload_override):
     return body, types or ""
 
 
-def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None):
+def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None,
+           counter=None):
     """Replay dead letters of ``group`` (the given ``ids``, or ``all`` of them) onto ``stream``.
 
     ``payload_override`` (any value ``publish`` takes: datetimes, Decimals... keep their types)
     replaces the payload of every replayed entry; None keeps the original (its ``payload_types``
     too), ``JSON_NULL`` replaces it with null.
-    ``progress(scanned, total)`` is called after each batch when ``all`` is set.
+    ``progress(scanned, total)`` is called after each batch when ``all`` is set. ``counter``: a hash key in the stream's slot (keys.replay_job_key) whose
+    ``replayed`` field the replay script increments with each batch, in the same step (not for a
+    logical stream, whose partitions are in slots of their own).
     """
     validate_stream_name(stream)
     if not isinstance(group, str) or not group:
@@ -84,7 +95,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
         if not group_exists(conn, keys.stream_key(stream), group):
             conn.xlen(keys.dead_letter_key(stream))  # a dead-letter key of another type says so first
             raise ReplayError(_no_group_message(conn, stream, group))
-        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress)
+        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter)
     except redis.ResponseError as exc:
         if is_nogroup(exc):  # destroyed between the check and a batch: that batch removed nothing
             raise ReplayError(_no_group_message(conn, stream, group)) from None
@@ -124,7 +135,7 @@ def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run,
     return merged
 
 
-def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
+def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter=None):
     override = _override_text(payload_override)
     result = ReplayResult(dry_run=dry_run)
     if ids:
@@ -136,8 +147,10 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
                 result.skipped[entry_id] = "missing"
             elif letter.group != group:
                 result.skipped[entry_id] = "other-group"
+            elif _too_wide(letter):
+                result.skipped[entry_id] = "too-wide"  # what the script would answer: a dry run says it too
         chosen = [i for i in ids if i not in result.skipped]
-        _replay_batch(conn, stream, group, chosen, override, dry_run, result)
+        _replay_batch(conn, stream, group, chosen, override, dry_run, result, counter)
         return result
     total = conn.xlen(keys.dead_letter_key(stream))
     # Only what is dead now: a replayed entry that fails again is dead-lettered anew above this
@@ -154,22 +167,28 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress):
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [i for i, letter in ((_text(i), DeadLetter(_text(i), decode_fields(f))) for i, f in page)
-                if letter.group == group]
-        _replay_batch(conn, stream, group, mine, override, dry_run, result)
+        mine = [letter for letter in (DeadLetter(_text(i), decode_fields(f)) for i, f in page) if letter.group == group]
+        result.skipped.update((letter.id, "too-wide") for letter in mine if _too_wide(letter))
+        _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
+                      result, counter)
         if progress is not None:
             progress(scanned, max(total, scanned))
     return result
 
 
-def _replay_batch(conn, stream, group, ids, override, dry_run, result):
+def _too_wide(letter):
+    return PACKED_FIELDS in letter.fields
+
+
+def _replay_batch(conn, stream, group, ids, override, dry_run, result, counter=None):
     if not ids:
         return
     if dry_run:
         result.replayed.extend((i, None) for i in ids)
         return
     body, types = override
-    reply = scripts.run(conn, "replay", [keys.stream_key(stream), keys.dead_letter_key(stream)], [group, body, types, *ids])
+    script_keys = [keys.stream_key(stream), keys.dead_letter_key(stream), *([counter] if counter else [])]
+    reply = scripts.run(conn, "replay", script_keys, [group, body, types, *ids])
     for entry_id, outcome in zip(ids, map(_text, reply)):
         if outcome in ("missing", "other-group", "too-wide"):
             result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile, or too wide

@@ -1,6 +1,8 @@
 -- Put dead letters back on their stream for one group, removing each from the DLQ in the same step.
--- KEYS: stream, dlq. ARGV: group, payload override ('' = keep the original), the override's
+-- KEYS: stream, dlq[, counter]. ARGV: group, payload override ('' = keep the original), the override's
 -- payload_types ('' = none), then dead-letter ids.
+-- With a counter (a hash in the stream's slot), its 'replayed' field grows by what this call replayed,
+-- in the same step: a background job whose runner dies right after a batch still knows it ran.
 -- The new entry carries shoal:target_group: loops of other groups ack it without running their handler.
 -- Refuses with a NOGROUP error, replaying and removing nothing, when the group does not exist on the
 -- stream: nobody would run the entries, and every other group would ack them unseen.
@@ -32,6 +34,7 @@ if override ~= '' then
   drop.payload_types = true  -- the types describe the original payload, not the override
 end
 local result = {}
+local replayed = 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local entry = redis.call('XRANGE', dlq, id, id)
@@ -78,7 +81,11 @@ for i = 4, #ARGV do
       fields[#fields + 1] = info['shoal:origin_id'] or ''
       result[#result + 1] = redis.call('XADD', stream, '*', unpack(fields))
       redis.call('XDEL', dlq, id)
+      replayed = replayed + 1
     end
   end
+end
+if KEYS[3] and replayed > 0 then
+  redis.call('HINCRBY', KEYS[3], 'replayed', replayed)
 end
 return result

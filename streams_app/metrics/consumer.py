@@ -118,10 +118,11 @@ class BacklogCollector:
         # Registering must not query Redis: REGISTRY calls describe(), else collect(), at once.
         return [GaugeMetricFamily(name, "") for name in
                 ("shoal_group_lag", "shoal_group_lag_estimated", "shoal_group_backlog", "shoal_group_pending",
-                 "shoal_dead_letters",
+                 "shoal_dead_letters", "shoal_key_wrong_type",
                  "shoal_backlog_scrape_ok")]
 
     def collect(self):
+        from shoal_common.redis_errors import is_wrongtype
         from streams_app.connection import TRANSIENT_ERRORS, get_connection
         from streams_app.keys import dead_letter_key
         from streams_app.registry import registered
@@ -140,6 +141,10 @@ class BacklogCollector:
         pending = GaugeMetricFamily("shoal_group_pending", "Entries delivered to the group and not acknowledged.",
                                     labels=GROUP_LABELS)
         dead = GaugeMetricFamily("shoal_dead_letters", "Entries in the stream's dead-letter stream.", labels=STREAM_LABELS)
+        wrong = GaugeMetricFamily(
+            "shoal_key_wrong_type", "1 for a key of a registered stream (the stream, or its dead letters {S}:dlq) "
+            "that holds another type: its figures (the group gauges, shoal_dead_letters) cannot be read. "
+            "Shoal leaves such a key alone; rename or remove it.", labels=(*STREAM_LABELS, "key", "type"))
         up = GaugeMetricFamily("shoal_backlog_scrape_ok", "1 if Redis answered this scrape's backlog queries.")
         streams = sorted({spec.stream for spec in specs})
         wanted = {(spec.stream, spec.group): spec for spec in specs}
@@ -155,12 +160,20 @@ class BacklogCollector:
             up.add_metric([], 0)
             return [up]
         where = {spec.stream: (spec.logical, "" if spec.partition is None else str(spec.partition)) for spec in specs}
+        # Keys of another type: flagged with what they hold, so the missing series has a reason to alert on.
+        refused = [key for stream, groups, dlq_length in zip(streams, replies[::2], replies[1::2])
+                   for key, reply in ((stream, groups), (dead_letter_key(stream), dlq_length)) if is_wrongtype(reply)]
+        kinds = dict(zip(refused, _key_types(conn, refused)))
+        for stream in streams:
+            for key in (stream, dead_letter_key(stream)):
+                if key in kinds:
+                    wrong.add_metric([stream, *where[stream], key, kinds[key]], 1)
         for stream, groups, dlq_length in zip(streams, replies[::2], replies[1::2]):
             logical, partition = where[stream]
             if isinstance(dlq_length, int):
                 dead.add_metric([stream, logical, partition], dlq_length)
             if isinstance(groups, Exception):
-                continue  # no such stream yet
+                continue  # no such stream yet, or a key of another type (flagged above)
             for info in groups:
                 name = _text(info["name"])
                 if (stream, name) not in wanted:
@@ -177,11 +190,23 @@ class BacklogCollector:
                 estimated.add_metric(labels, 1 if counted else 0)
                 backlog.add_metric([*labels, "true" if counted else "false"], value)
         up.add_metric([], 1)
-        return [lag, estimated, backlog, pending, dead, up]
+        return [lag, estimated, backlog, pending, dead, wrong, up]
 
 
 def _text(value):
     return to_text(value, errors="backslashreplace")
+
+
+def _key_types(conn, names):
+    """TYPE of each key, asked only for the keys that refused a stream command (none, mostly)."""
+    from streams_app.connection import TRANSIENT_ERRORS
+
+    if not names:
+        return []
+    try:
+        return [_text(conn.type(name)) for name in names]
+    except TRANSIENT_ERRORS:
+        return ["unknown"] * len(names)
 
 
 def start_metrics_server(port, addr="0.0.0.0"):

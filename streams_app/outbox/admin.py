@@ -4,7 +4,7 @@ from django.contrib.admin.models import CHANGE
 from django.http import Http404
 from django.utils.text import Truncator
 
-from shoal_common.admin import confirmation, log_actions
+from shoal_common.admin import confirmation, log_actions, refuse_forbidden_action
 from shoal_common.text import counted
 from streams_app.outbox import cleanup
 from streams_app.outbox.models import OutboxMessage
@@ -92,6 +92,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
                                    "relay's next pass.", messages.SUCCESS)
 
     def changelist_view(self, request, extra_context=None):
+        refuse_forbidden_action(self, request)
         figures = cleanup.backlog()
         title = (f"Outbox: {counted(figures['rows'], 'row')} waiting, the oldest {figures['age']:.0f} s old, "
                  f"{figures['failing']} refused by Redis at least once")

@@ -131,7 +131,7 @@ def test_register_command_heartbeats_until_sigterm_then_deregisters(redis_server
 def test_register_command_rejects_bad_input_without_a_traceback(redis_server):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_server.url}
     proc = ConsumerProcess(["a{b}", "--address", "h", "--port", "80"], env, command="register")
-    assert proc.wait(timeout=30) == 1
+    assert proc.wait(timeout=30) == 3  # EXIT_CONFIG: a sidecar's service manager must not restart it
     assert "CommandError: service name 'a{b}' may not contain braces" in proc.output()
     assert "Traceback" not in proc.output()
 
@@ -281,7 +281,7 @@ def test_sigterm_deregisters_at_once_and_keeps_the_applications_own_handling(red
     (["--weight", "nan"], "weight"),
     (["--weight", "inf"], "weight"),
     (["--interval", "30", "--ttl", "30"], "interval"),
-    (["--ttl", "inf"], "TTL"),
+    (["--ttl", "inf"], "--ttl"),
     (["--address", "not a host!"], "address"),
 ])
 def test_register_command_refuses_values_that_would_fail_later(redis_server, args, message):

@@ -5,7 +5,8 @@ import signal
 
 from django.core.management.base import CommandError
 
-from shoal_common.cli import ShoalCommand, log_level
+from shoal_common.cli import DaemonCommand, log_level, positive_float
+from shoal_common.exitcodes import EXIT_CONFIG
 
 from discovery_app.exceptions import InvalidRegistration
 from discovery_app.registrar import Registrar
@@ -30,7 +31,7 @@ def weight_number(text):
 weight_number.__name__ = "weight (a finite number >= 0)"
 
 
-class Command(ShoalCommand):
+class Command(DaemonCommand):
     help = ("Register an instance of SERVICE and heartbeat until SIGTERM/SIGINT, then deregister: "
             "a sidecar for processes that are not Python.")
 
@@ -49,19 +50,19 @@ class Command(ShoalCommand):
         parser.add_argument("--scheme", choices=("http", "https"), default="http",
                             help="Whether clients call the instance over http or https (default http).")
         parser.add_argument("--instance-id", help="Instance id (default: SERVICE-HOST-PID-RANDOM).")
-        parser.add_argument("--interval", type=float, help="Seconds between heartbeats (default DISCOVERY['HEARTBEAT_INTERVAL']).")
-        parser.add_argument("--ttl", type=float, help="Seconds without a heartbeat before expiry (default DISCOVERY['TTL']).")
+        parser.add_argument("--interval", type=positive_float, help="Seconds between heartbeats (default DISCOVERY['HEARTBEAT_INTERVAL']).")
+        parser.add_argument("--ttl", type=positive_float, help="Seconds without a heartbeat before expiry (default DISCOVERY['TTL']).")
 
     def handle(self, *args, service, address, port, zone, weight, instance_version, tags, scheme, instance_id,
                interval, ttl, verbosity, **options):
         logging.getLogger("discovery_app").setLevel(log_level(verbosity))
-        if interval is not None and interval <= 0 or ttl is not None and ttl <= 0:
-            raise CommandError("--interval and --ttl must be positive numbers of seconds.")
+        if any(value is not None and not (value > 0 and math.isfinite(value)) for value in (interval, ttl)):
+            raise CommandError("--interval and --ttl must be positive numbers of seconds.", returncode=EXIT_CONFIG)
         metadata = {"zone": zone, "weight": weight, "version": instance_version, "tags": tags, "scheme": scheme}
         try:
             registrar = Registrar(service, address, port, metadata, interval=interval, instance_id=instance_id, ttl=ttl)
-        except InvalidRegistration as exc:
-            raise CommandError(str(exc)) from None
+        except InvalidRegistration as exc:  # a bad --address, --instance-id...: restarting will not help
+            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         signals = queue.SimpleQueue()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda signum, frame: signals.put(signum))

@@ -7,7 +7,7 @@ from shoal_common.cli import ShoalCommand
 from streams_app.codec import apply_types
 from streams_app.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
-from streams_app.deadletters.replay import JSON_NULL, replay
+from streams_app.deadletters.replay import JSON_NULL, SKIP_REASONS, replay
 
 
 class Command(ShoalCommand):
@@ -54,15 +54,18 @@ class Command(ShoalCommand):
         except StreamsError as exc:
             raise CommandError(str(exc)) from None
         except TRANSIENT_ERRORS as exc:
-            done = "nothing was replayed" if not all else "the replay stopped part-way (replay --all again: what was replayed is gone from the dead letters)"
+            if dry_run:
+                done = "nothing was replayed (a dry run replays nothing)"
+            elif not all:
+                done = "nothing was replayed"
+            else:
+                done = "the replay stopped part-way (replay --all again: what was replayed is gone from the dead letters)"
             raise CommandError(f"Redis is unreachable ({exc}); {done}. Check REDIS_URL.") from None
         for dead_id, new_id in result.replayed:
             if verbosity > 1 or dry_run:
                 self.stdout.write(f"{dead_id} -> {new_id or '(dry run)'}")
         for dead_id, why in result.skipped.items():
-            reason = {"missing": "not in the dead-letter stream", "other-group": "dead-lettered by another group",
-                      "too-wide": "too many fields to re-publish from a script; copy it with XADD yourself"}[why]
-            self.stderr.write(f"{dead_id}: skipped, {reason}")
+            self.stderr.write(f"{dead_id}: skipped, {SKIP_REASONS[why]}")
         verb = "Would replay" if dry_run else "Replayed"
         self.stdout.write(self.style.SUCCESS(f"{verb} {len(result.replayed)} dead letters of {stream} for group {group}"))
         if ids and result.skipped and not result.replayed:

@@ -4,7 +4,7 @@ import sys
 
 from django.core.management.base import CommandError
 
-from shoal_common.cli import DaemonCommand, bad_flags_exit_config, log_level, non_negative_seconds, port, positive_int, positive_float
+from shoal_common.cli import DaemonCommand, log_level, non_negative_seconds, port, positive_int, positive_float
 
 from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
@@ -30,9 +30,6 @@ class Command(DaemonCommand):
         "--min/--max-workers, one consumer runs in this process; with them, this process is a supervisor "
         "that forks worker processes, restarts crashed ones, follows the backlog and reloads on SIGHUP."
     )
-
-    def create_parser(self, prog_name, subcommand, **kwargs):
-        return bad_flags_exit_config(super().create_parser(prog_name, subcommand, **kwargs))
 
     def add_arguments(self, parser):
         parser.add_argument("selectors", nargs="*", metavar="STREAM:GROUP",

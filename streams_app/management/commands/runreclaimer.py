@@ -4,7 +4,7 @@ import threading
 
 from django.core.management.base import CommandError
 
-from shoal_common.cli import DaemonCommand, bad_flags_exit_config, log_level, port, positive_float
+from shoal_common.cli import DaemonCommand, log_level, port, positive_float
 from shoal_common.text import counted
 
 from streams_app.consuming.worker import EXIT_CONFIG
@@ -52,9 +52,6 @@ class Command(DaemonCommand):
     help = ("Run the reclaim daemon: dead-letter entries over their delivery limit, remove idle consumers, "
             "trim acknowledged entries (retention='acked'), record snapshots. One pass per interval.")
 
-    def create_parser(self, prog_name, subcommand, **kwargs):
-        return bad_flags_exit_config(super().create_parser(prog_name, subcommand, **kwargs))
-
     def add_arguments(self, parser):
         parser.add_argument("--interval", type=positive_float,
                             help="Seconds between passes (default STREAMS['RECLAIM_INTERVAL']).")
@@ -74,7 +71,7 @@ class Command(DaemonCommand):
         specs = registered()
         if not specs:
             raise CommandError("no consumers are registered, so there is nothing to reclaim. Declare one with "
-                               "@consumer(...) in a consumers.py module of an installed app.")
+                               "@consumer(...) in a consumers.py module of an installed app.", returncode=EXIT_CONFIG)
         reclaimer = Reclaimer(specs)
         if metrics_port is not None:
             from prometheus_client import start_http_server

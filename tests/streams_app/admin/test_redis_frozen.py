@@ -89,3 +89,35 @@ def test_a_page_asks_a_hung_redis_once_then_fails_at_once(frozen_redis, settings
         pipe.xlen("jobs")
         pipe.execute()
     assert time.monotonic() - started < 0.2
+
+
+def test_a_process_whose_first_connection_meets_a_hung_redis_shows_the_last_copy_within_the_timeout(
+        staff_client, frozen_redis, settings, redis_factory):
+    """Issue 33, item 1: a gunicorn worker started during an outage asks Redis first whether it is a
+    cluster (shoal_common.redisconn.probe_cluster_mode); that question was a 500 after 5 s."""
+    settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
+    redis, freeze = frozen_redis
+    dead_letter(redis, [{"n": 1}], group="a")
+    mirror.sync_all()
+    group = ConsumerGroup.objects.get(name="a")
+    letter = DeadLetter.objects.get()
+    # A process that has not talked to this Redis yet: the same server under a URL not probed before.
+    port = redis.connection_pool.connection_kwargs["port"]
+    settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{port}"}}
+    client = staff_client("streams_app.replay_deadletter")
+    freeze()
+    for url in ["/admin/", "/admin/streams_app/consumergroup/", f"/admin/streams_app/consumergroup/{group.pk}/change/",
+                f"/admin/streams_app/consumergroup/{group.pk}/pending/", "/admin/streams_app/deadletter/",
+                f"/admin/streams_app/deadletter/{letter.pk}/change/",
+                "/admin/streams_app/consumergroup/find/?stream=jobs&q=1-0"]:
+        response, took = timed_get(client, url)
+        assert response.status_code == 200, url
+        assert took < 0.5 + 1.5, f"{url} took {took:.1f} s"  # one probe, within the admin's timeout
+    page = client.get("/admin/streams_app/consumergroup/").content.decode()
+    assert "The last copy from Redis did not complete" in page
+    started = time.monotonic()
+    action = client.post("/admin/streams_app/deadletter/", {"action": "replay_selected", "_selected_action": [letter.pk],
+                                                            "index": "0", "post": "yes"}, follow=True)
+    assert time.monotonic() - started < 2.0 and action.status_code == 200
+    assert any("Redis" in str(m) for m in action.context["messages"]), list(action.context["messages"])
+    assert DeadLetter.objects.count() == 1

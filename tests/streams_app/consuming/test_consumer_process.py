@@ -177,3 +177,22 @@ def test_a_clean_exit_is_not_taken_for_a_death(redis, run_consumer):
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert redis.hlen("{jobs}:consumers") == 0
+
+
+def test_a_process_consuming_two_groups_reports_an_outage_once(redis_factory, run_consumer):
+    # Issue 33, item 11: each group's read loop logged "Redis unreachable" and "reachable again".
+    server = redis_factory()
+    client = server.client()
+    proc = run_consumer("jobs:a", "jobs:b", server=server, streams={"BLOCK_MS": 500})
+    proc.wait_for_output("started")
+    server.restart(down_for=1.0)
+    client = server.client()
+    ids = publish_raw(client, "jobs", [{"n": n} for n in range(5)])
+    for group in ("a", "b"):
+        wait_for(lambda group=group: sorted(handled(client, "jobs", group)) == sorted(ids), timeout=30,
+                 what=f"{group} handled")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    lines = [line for line in proc.output().splitlines() if "streams_app.consumer: Consumer " in line]
+    assert len([line for line in lines if ": Redis unreachable (" in line]) == 1, proc.output()
+    assert len([line for line in lines if ": Redis reachable again" in line]) == 1, proc.output()

@@ -90,6 +90,28 @@ def test_backlog_collector_reports_lag_pending_and_dead_letters(redis):
     assert not any(labels == ("queue:order-processing", "workers") for _, labels in samples)  # no stream yet
 
 
+def test_backlog_collector_flags_a_key_of_another_type_and_reports_the_rest(redis):
+    # Issue 33, item 8: shoal_dead_letters vanished for the stream, with scrape_ok 1 and nothing to say why.
+    publish_many("jobs", [{"n": 1}])
+    redis.xgroup_create("jobs", "a", id="0")
+    redis.set("{jobs}:dlq", "not a stream")
+    redis.set("queue:order-processing", "not a stream either")
+    specs = select(["jobs:a", "queue:order-processing:workers"])
+
+    families = {family.name: family for family in metrics.BacklogCollector(specs).collect()}
+
+    samples = {(f.name, tuple(s.labels.values())): s.value for f in families.values() for s in f.samples}
+    assert samples[("shoal_group_lag", ("jobs", "jobs", "", "a"))] == 1  # what can be read is reported
+    assert not [labels for name, labels in samples if name == "shoal_dead_letters" and labels[0] == "jobs"]
+    assert samples[("shoal_key_wrong_type", ("jobs", "jobs", "", "{jobs}:dlq", "string"))] == 1
+    assert samples[("shoal_key_wrong_type", ("queue:order-processing", "queue:order-processing", "",
+                                             "queue:order-processing", "string"))] == 1
+    assert samples[("shoal_backlog_scrape_ok", ())] == 1  # Redis answered; the key is what is wrong
+    redis.delete("{jobs}:dlq", "queue:order-processing")
+    families = {family.name: family for family in metrics.BacklogCollector(specs).collect()}
+    assert families["shoal_key_wrong_type"].samples == []  # always exposed, so absent() alerts have a name
+
+
 def test_backlog_collector_says_when_redis_is_down(redis_factory, use_redis):
     server = redis_factory()
     use_redis(server)

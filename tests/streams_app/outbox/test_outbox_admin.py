@@ -61,3 +61,20 @@ def test_the_changelist_says_why_rows_fail_and_retry_needs_its_permission(staff_
     assert row.next_attempt_at is None and row.attempts == 3  # due now; its history stays
     log = LogEntry.objects.get()
     assert log.action_flag == CHANGE and log.object_id == str(row.pk) and "3 attempts" in log.change_message
+
+
+@pytest.mark.parametrize("action", ["retry_now", "delete_selected"])
+@pytest.mark.parametrize("step", [{"index": "0"}, {"post": "yes"}, {"index": "0", "post": "yes"}])
+def test_view_only_staff_posting_an_outbox_action_get_403_and_nothing_changes(staff_client, redis, action, step):
+    # Issue 33, item 9: they got 200, nothing done and nothing said, where every other action answers 403.
+    refused("bad")
+    row = OutboxMessage.objects.get(key="bad")
+    client = staff_client("streams_app.view_outboxmessage")
+    response = client.post(CHANGELIST, {"action": action, "_selected_action": [str(row.pk)], **step})
+    assert response.status_code == 403
+    row.refresh_from_db()
+    assert row.next_attempt_at is not None and not LogEntry.objects.exists()
+    # With the permission the same post goes on to the confirmation or the change.
+    perm = {"retry_now": "streams_app.retry_outboxmessage", "delete_selected": "streams_app.delete_outboxmessage"}[action]
+    allowed = staff_client("streams_app.view_outboxmessage", perm)
+    assert allowed.post(CHANGELIST, {"action": action, "_selected_action": [str(row.pk)], **step}).status_code in (200, 302)
