@@ -82,7 +82,15 @@ def main(argv):
     import django
 
     django.setup()
+    from django.apps import apps
     from django.conf import settings
+
+    from shoal_common.web_supervision import NOT_WANTED
+
+    if not apps.is_installed("discovery_app"):
+        # install.md: "leave out discovery_app if you use no registry". The package ships in the same
+        # wheel as streams_app, so the master (which imports no app code) cannot tell; this process can.
+        return NOT_WANTED
 
     from discovery_app.registrar import Registrar
 

@@ -18,8 +18,8 @@ Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS,
 own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default $SHOAL_VAR_DIR/prometheus),
 WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0; default: the interface of
 the default route, never a loopback address), SHOAL_VAR_DIR (default: var/ in the working directory).
-Discovery registration runs only when discovery_app is installed (a process of its own, ``python -m
-discovery_app.web_registration``).
+Discovery registration runs only when discovery_app is in INSTALLED_APPS (a process of its own, ``python -m
+discovery_app.web_registration``, which exits at once, not to be restarted, when it is not).
 """
 import json
 import os
@@ -134,8 +134,9 @@ def on_exit(server):
 
 
 def post_fork(server, worker):
-    # The master opens no Redis connection and starts no thread of ours (registration is a separate
-    # process, and fork() copies only the forking thread), so a worker inherits neither. All it
+    # The master opens no Redis connection (registration is a separate process). Its one thread of ours,
+    # the registration supervisor, is not copied by fork() (only the forking thread is), and it takes no
+    # lock a worker could inherit held: it polls a subprocess and writes a status file (logging's locks Python re-creates in the child). All a worker
     # inherits of ours is this pipe, which it must not hold open, or the registration process would
     # not see the master die.
     supervisor = getattr(server, "shoal_registration", None)

@@ -57,3 +57,28 @@ def test_stop_never_raises_when_the_status_file_cannot_be_written(tmp_path, capl
         supervisor.stop()
     assert supervisor.process.poll() is not None  # the registration process was still told to stop
     assert "could not write" in caplog.text
+
+
+def test_a_project_without_discovery_app_gets_no_registration_and_no_restarts(tmp_path):
+    # install.md: "leave out discovery_app if you use no registry". The package is importable (same wheel),
+    # so the master starts the registration process, which finds it is not installed and says so by its exit code.
+    from django.conf import settings
+    from django.test import override_settings
+
+    from discovery_app import web_registration
+    from shoal_common.web_supervision import NOT_WANTED
+
+    apps = [app for app in settings.INSTALLED_APPS if not app.startswith("discovery_app")]
+    with override_settings(INSTALLED_APPS=apps):
+        assert web_registration.main(["127.0.0.1", "1"]) == NOT_WANTED
+
+    status = tmp_path / "web_registration.json"
+    exits_not_wanted = [sys.executable, "-c", f"import sys; sys.exit({NOT_WANTED})"]
+    supervisor = RegistrationSupervisor(exits_not_wanted, str(tmp_path), log, str(status)).start()
+    supervisor._thread.join(30)
+    try:
+        assert not supervisor._thread.is_alive()
+        assert supervisor.restarts == 0
+        assert json.loads(status.read_text())["state"] == "off"
+    finally:
+        supervisor.stop()
