@@ -15,9 +15,27 @@ from streams_app.connection import (
 )
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
 from streams_app.keys import key_type
+from streams_app.message import IDEMPOTENCY_ID_FIELD
 from streams_app.names import utf8_size, validate_stream_name
 
 _PIPELINE_CHUNK = 1000
+
+# The one seam for tests (streams_app.testing.capture_publishes): while a hook is set, publish,
+# publish_many and outbox publishes validate and encode as always, then hand the encoded entries to
+# the hook instead of Redis or the outbox table. Nothing is monkeypatched and no Redis is needed.
+_publish_hook = None
+
+
+def set_publish_hook(hook):
+    """Install ``hook(stream, entries, using)`` (``None`` removes it); return the hook it replaces.
+
+    ``entries`` are the fields of each message as XADD would store them; ``using`` is the database
+    alias of an outbox publish (the hook decides when it counts: on commit), else None. For a direct
+    publish the hook returns one entry id per entry; for an outbox publish its return is ignored.
+    """
+    global _publish_hook
+    previous, _publish_hook = _publish_hook, hook
+    return previous
 
 
 def _to_json(value, what):  # what: "headers are"
@@ -192,6 +210,8 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     if outbox:
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec, due)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
+    if _publish_hook is not None:
+        return _publish_hook(stream, [fields], None)[0]
     logical = stream
     conn = get_connection()  # once: django-redis's lookup costs a few µs of a ~40 µs publish
     # Once per process and stream: also refuses a plain publish to a stream recorded as partitioned.
@@ -297,6 +317,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
             error = PublishError(f"message {index}: {exc}")
             error.index, error.reason = index, str(exc)
             raise error from None
+    if _publish_hook is not None:
+        return _publish_hook(stream, encoded, None)
     conn = get_connection()
     targets = None
     if len(partitions.ensure_recorded(conn, stream)) > 1:
@@ -378,6 +400,11 @@ def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, co
         at = scheduled.absolute(due).ms
         for fields, scheduled_id in zip(encoded, scheduled.new_ids(len(encoded))):
             fields.update({scheduled.RUN_AFTER_FIELD: str(at), scheduled.SCHEDULED_ID_FIELD: scheduled_id})
+    if _publish_hook is not None:
+        for fields in encoded:  # as enqueue stores them: the guards deduplicate the relay's copies by it
+            fields[IDEMPOTENCY_ID_FIELD] = enqueue.new_idempotency_id()
+        _publish_hook(stream, encoded, using)
+        return checked
     return enqueue.enqueue(stream, encoded, checked, maxlen, using)
 
 
