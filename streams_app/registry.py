@@ -301,3 +301,8 @@ def select(selectors=()):
             raise ConsumerConfigError(f"no consumer is registered for {selector!r}. Registered: {known}")
         chosen.extend(spec for spec in expand(_registry[key]) if spec not in chosen)
     return chosen
+
+
+def declared(stream, group=None):
+    """The specs declared for ``stream`` (one ``group`` of it, when given), as declared: partitions unexpanded."""
+    return [spec for (s, g), spec in sorted(_registry.items()) if s == stream and group in (None, g)]

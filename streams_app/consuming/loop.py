@@ -36,7 +36,7 @@ from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
-from streams_app.consuming.outcomes import Outcome, Status
+from streams_app.consuming.outcomes import Outcome, Status, dead_lettered
 from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
 from streams_app.consuming.takeover import TakeOver
 from streams_app.deadletters import store as deadletters
@@ -382,7 +382,7 @@ class GroupLoop(TakeOver):
             return
         poison = outcome.status is Status.POISON
         error, traceback = deadletters.describe(outcome.error, poison=poison)
-        if poison or message.deliveries >= self.max_deliveries:
+        if dead_lettered(outcome, self.max_deliveries):
             self.to_dead_letter.append((message.id, error, traceback))
         else:
             self.errors.append((message.id, error, traceback))
