@@ -9,7 +9,7 @@ see them (``transaction.on_commit``: in a ``TestCase``, inside ``self.captureOnC
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -66,7 +66,7 @@ class Published:
         self.messages.clear()
         self.drained = 0
 
-    def record(self, stream: str, entries: list[Mapping[str, Any]], ids: list[str]) -> None:
+    def record(self, stream: str, entries: Sequence[Mapping[str, Any]], ids: list[str]) -> None:
         with _lock:
             self.messages.extend(Message(entry_id, stream, None, as_stored(fields), deliveries=0)
                                  for entry_id, fields in zip(ids, entries))
