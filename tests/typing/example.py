@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 
+from discovery_app.client import DiscoveryClient
+from discovery_app.instance import Instance
 from streams_app import Message, consumer, publish, publish_many
 from streams_app.exceptions import PartialPublishError, PublishError, StreamsError
 from streams_app.testing import Delivery, Published, Report, capture_publishes, drain, make_message, run_handlers
@@ -47,3 +49,12 @@ def a_test() -> None:
     again: Report = run_handlers(make_message({"id": 1}, stream="orders", key="k", deliveries=2), group="shipping")
     again.assert_handled()
     assert ship(make_message({"id": 1})) is None
+
+
+def call_a_service(client: DiscoveryClient) -> str:
+    instance: Instance = client.resolve("billing", tags=["eu"], version="2.*")
+    with client.track(instance):
+        pass
+    client.report(instance, True)
+    client.invalidate("billing")
+    return client.resolve_url("billing") + str(client.inflight(instance))

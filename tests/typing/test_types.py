@@ -35,6 +35,10 @@ def handle3(message: int) -> None: ...
 
 run_handlers(make_message(1, deliveries="2"))  # line 22
 entry_id: int = publish("orders", 1)  # line 23: publish returns str | None
+
+from discovery_app.client import DiscoveryClient  # noqa: E402
+
+DiscoveryClient().resolve("billing", tags=3)  # line 27: tags are a collection of str
 '''
 
 
@@ -54,4 +58,4 @@ def test_wrong_arguments_fail_mypy(tmp_path):
     result = mypy(example)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = {int(line.split(":")[1]) for line in result.stdout.splitlines() if line.startswith(str(example))}
-    assert {5, 6, 7, 10, 14, 18, 22, 23} <= lines, result.stdout
+    assert {5, 6, 7, 10, 14, 18, 22, 23, 27} <= lines, result.stdout
