@@ -47,6 +47,12 @@ def set_publish_hook(hook: PublishHook | None) -> PublishHook | None:
     return previous
 
 
+def diverted() -> bool:
+    """True while a publish hook is set (a test's capture_publishes): code that writes to Redis beside a
+    publish (a task backend's result record) skips that write too, so a captured test needs no Redis."""
+    return _publish_hook is not None
+
+
 def _to_json(value: Any, what: str) -> str:  # what: "headers are"
     """Compact JSON text of ``value``; PublishError for what JSON cannot hold (NaN, Infinity, objects)."""
     try:

@@ -45,6 +45,15 @@ def test_bad_input_is_refused_as_in_production_and_nothing_is_recorded():
     assert len(published) == 0
 
 
+def test_diverted_says_whether_a_capture_is_active():
+    from streams_app.producer import diverted
+
+    assert not diverted()
+    with capture_publishes():
+        assert diverted()
+    assert not diverted()
+
+
 def test_the_capture_ends_with_its_block():
     with capture_publishes() as published:
         publish("orders", 1)
