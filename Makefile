@@ -37,9 +37,11 @@ test-matrix: deps system-deps
 	  echo "make test-matrix: the version matrix took $$(( $$(date +%s) - start )) s"; exit $$status
 
 # lint-imports: the import contracts of .importlinter (layers, no cycles; docs/development.md).
+# mypy: strict on the public API (mypy.ini; tests/typing/example.py must pass).
 lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(VENV)/bin/mypy --config-file mypy.ini
 
 # The STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
 docs: deps

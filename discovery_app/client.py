@@ -10,6 +10,8 @@ Clients share one change-event listener per process and Redis server (``hub._Hub
 only weakly: a dropped client is collected with nothing left behind. Still, make one client per
 process and share it: each new client starts with an empty cache and fresh breakers.
 """
+from __future__ import annotations
+
 import asyncio
 import fnmatch
 import functools
@@ -17,8 +19,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from discovery_app import hub as hubs
 from discovery_app.balancers import key_of, make_strategy
@@ -30,6 +35,13 @@ from discovery_app.exceptions import ClientClosed, ServiceNotAvailable
 from discovery_app.fallbacks import fallback_instances
 from discovery_app.registry import ServiceRegistry
 from shoal_common.backoff import backoff_delay
+
+if TYPE_CHECKING:
+    import random
+
+    import requests
+
+    from discovery_app.instance import Instance
 
 logger = logging.getLogger("discovery_app.client")
 
@@ -81,8 +93,10 @@ _created = 0
 
 
 class DiscoveryClient:
-    def __init__(self, strategy=None, registry=None, *, zone=_UNSET, cache_ttl=None, fallbacks=None,
-                 listen=None, breaker_failures=None, breaker_cooldown=None, rng=None, clock=time.monotonic):
+    def __init__(self, strategy: str | Any = None, registry: ServiceRegistry | None = None, *, zone: Any = _UNSET,
+                 cache_ttl: float | None = None, fallbacks: dict[str, Any] | None = None, listen: bool | None = None,
+                 breaker_failures: int | None = None, breaker_cooldown: float | None = None,
+                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         config = get_settings()
         self.strategy = make_strategy(strategy or config["STRATEGY"], rng=rng)
         self.registry = registry or ServiceRegistry()
@@ -106,7 +120,7 @@ class DiscoveryClient:
         self.panic_threshold = config["PANIC_THRESHOLD"]
         self.max_ejected = config["MAX_EJECTED"]
         self._cache: dict[str, _Entry] = {}
-        self._inflight = defaultdict(int)
+        self._inflight: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         self._registry_down_until = float("-inf")
         self._backoff = 0.0
@@ -119,20 +133,22 @@ class DiscoveryClient:
         self._plans: dict[str, _Plan] = {}  # service -> what resolve() last picked from
         self.redis_timeout = config["REDIS_TIMEOUT"]
         self._http = threading.local()
-        self._invalidations = defaultdict(int)  # per service: bumped by invalidate(), see _entry
+        self._invalidations: defaultdict[str, int] = defaultdict(int)  # per service: bumped by invalidate(), see _entry
         self._all_invalidations = 0
         hubs.all_clients.add(self)
         _count_creation()
 
-    def __enter__(self):
+    def __enter__(self) -> DiscoveryClient:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         self.close()
 
     # -- public API ------------------------------------------------------------------------
 
-    def resolve(self, service, exclude=(), *, tags=None, version=None):
+    def resolve(self, service: str, exclude: Collection[str] = (), *, tags: Collection[str] | None = None,
+                version: str | None = None) -> Instance:
         """One instance of ``service`` to call. ``exclude``: instance ids to avoid if others exist;
         ``tags``: only instances carrying all of them; ``version``: only versions matching this
         glob ("2.*", "2.1.0")."""
@@ -214,10 +230,10 @@ class DiscoveryClient:
         back = {key_of(i) for i in out[:ejected - allowed]}
         return [i for i in instances if self.breakers.available(key_of(i)) or key_of(i) in back], back
 
-    def resolve_url(self, service, **selectors):
+    def resolve_url(self, service: str, **selectors: Any) -> str:
         return self.resolve(service, **selectors).url
 
-    async def aresolve(self, service, exclude=(), **selectors):
+    async def aresolve(self, service: str, exclude: Collection[str] = (), **selectors: Any) -> Instance:
         """``resolve()`` for asyncio code: answers on the loop from a fresh cache, and runs a
         registry fetch (a cache miss or expiry) in a worker thread so the loop never waits on Redis."""
         entry = self._cache.get(service)
@@ -225,7 +241,7 @@ class DiscoveryClient:
             return self.resolve(service, exclude, **selectors)
         return await asyncio.to_thread(functools.partial(self.resolve, service, exclude, **selectors))
 
-    def invalidate(self, service=None):
+    def invalidate(self, service: str | None = None) -> None:
         """Make the next resolve() of ``service`` (None: every service) ask the registry again.
         The old instances are kept for stale-if-error."""
         with self._lock:
@@ -241,14 +257,14 @@ class DiscoveryClient:
     def _generation(self, service):
         return self._all_invalidations, self._invalidations[service]
 
-    def begin(self, instance):
+    def begin(self, instance: Instance) -> Call:
         """Count a call in flight to ``instance`` until the returned Call's ``finish()``."""
         with self._lock:
             self._inflight[key_of(instance)] += 1
         return Call(self, instance)
 
     @contextmanager
-    def track(self, instance):
+    def track(self, instance: Instance) -> Iterator[Call]:
         """Count a call in flight to ``instance`` and feed its breaker with the outcome.
 
         A connection error or timeout escaping the block (see ``is_instance_failure``), or
@@ -263,7 +279,7 @@ class DiscoveryClient:
             raise
         call.finish(True)
 
-    def report(self, instance, ok, started=None):
+    def report(self, instance: Instance, ok: bool, started: float | None = None) -> None:
         """Feed an instance's breaker with the outcome of a call made without track(); ``started``
         (the client's clock): when the call began, so that a late success cannot close a breaker
         that opened meanwhile."""
@@ -277,26 +293,27 @@ class DiscoveryClient:
             logger.warning("Discovery: opened the circuit breaker of %s (%s) for %.0f s",
                            key, instance.url, self.breakers.cooldown_of(key))
 
-    def inflight(self, instance):
+    def inflight(self, instance: Instance) -> int:
         return self._inflight.get(key_of(instance), 0)
 
-    def instances(self, service, *, tags=None, version=None):
+    def instances(self, service: str, *, tags: Collection[str] | None = None,
+                  version: str | None = None) -> list[Instance]:
         """The usable instances of ``service`` (cache, health, fallback and tag/version rules applied;
         breakers not)."""
         self._ensure_listener()
         return _select(service, self._usable(service)[0], tags, version)
 
-    def request(self, service, method, path, **kwargs):
+    def request(self, service: str, method: str, path: str, **kwargs: Any) -> requests.Response:
         from discovery_app.http import request
 
         return request(self, service, method, path, **kwargs)
 
-    def wait_listening(self, timeout=5.0):
+    def wait_listening(self, timeout: float = 5.0) -> bool:
         """Block until change events are being received (tests, start-up probes)."""
         self._ensure_listener()
         return self._hub is not None and self._hub.listener.ready.wait(timeout)
 
-    def close(self):
+    def close(self) -> None:
         """Leave the shared listener and close this thread's HTTP session. The client cannot be
         used afterwards (ClientClosed): a closed client quietly starting again would leak."""
         self._closed = True

@@ -10,7 +10,15 @@ __version__ = "1.0.0"  # the django-shoal distribution's version (pyproject.toml
 __all__ = ["publish", "publish_many", "consumer", "Message"]
 
 
-def __getattr__(name):
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names are, for type checkers; at run time they are imported on first use
+    from streams_app.message import Message
+    from streams_app.producer import publish, publish_many
+    from streams_app.registry import consumer
+
+
+def __getattr__(name: str) -> Any:
     if name in ("publish", "publish_many"):
         from streams_app import producer
 

@@ -1,4 +1,5 @@
 """Errors raised by streams_app. Catch ``StreamsError`` to catch them all."""
+from __future__ import annotations
 
 
 class StreamsError(Exception):
@@ -6,7 +7,14 @@ class StreamsError(Exception):
 
 
 class PublishError(StreamsError, ValueError):
-    """A message could not be published as given (not JSON, too large, bad stream name)."""
+    """A message could not be published as given (not JSON, too large, bad stream name).
+
+    From ``publish_many`` (and an outbox publish of several), ``index`` is the refused message's
+    position and ``reason`` the refusal without it; both are None otherwise.
+    """
+
+    index: int | None = None
+    reason: str | None = None
 
 
 class PartialPublishError(PublishError):
@@ -17,7 +25,7 @@ class PartialPublishError(PublishError):
     broke while their batch was sent); the rest were not published. ``cause``: the Redis error.
     """
 
-    def __init__(self, message, *, ids, in_doubt, cause):
+    def __init__(self, message: str, *, ids: list[str], in_doubt: int, cause: BaseException) -> None:
         super().__init__(message)
         self.ids = ids
         self.in_doubt = in_doubt
@@ -32,7 +40,8 @@ class NotReplicatedError(PublishError):
     and ``unconfirmed`` lists the indexes of those whose master had fewer than ``n`` replicas confirm;
     ``replicas`` is the fewest any of their masters confirmed."""
 
-    def __init__(self, message, *, id, replicas, ids=None, unconfirmed=None):
+    def __init__(self, message: str, *, id: str | None, replicas: int, ids: list[str | None] | None = None,
+                 unconfirmed: list[int] | None = None) -> None:
         super().__init__(message)
         self.id = id
         self.replicas = replicas

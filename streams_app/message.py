@@ -3,7 +3,10 @@
 Built once per entry on the hot path, so it is a slotted class that decodes lazily: the payload
 once (``decode()`` runs before the handler), the other fields only when asked for.
 """
+from __future__ import annotations
+
 import json
+from typing import Any
 
 from shoal_common.text import to_text
 from streams_app import codec
@@ -24,19 +27,19 @@ SCHEDULED_ID_FIELD = "shoal:scheduled_id"
 RUN_AFTER_FIELD = "shoal:run_after"
 
 
-def _text(value):
+def _text(value: Any) -> str:
     return str(to_text(value, errors="replace"))
 
 
-def decode_fields(raw):
+def decode_fields(raw: dict[Any, Any]) -> dict[str, str]:
     """Entry fields as ``str -> str``; bytes that are not UTF-8 are kept visible with U+FFFD."""
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
-_TEXT_NAMES = {}  # field name (bytes) -> the same as str, made once: _raw misses on every entry
+_TEXT_NAMES: dict[bytes, str] = {}  # field name (bytes) -> the same as str, made once: _raw misses on every entry
 
 
-def _raw(fields, name):
+def _raw(fields: dict[Any, Any], name: bytes) -> Any:
     value = fields.get(name)
     if value is None:  # absent, or a client built with decode_responses=True
         text = _TEXT_NAMES.get(name)
@@ -49,26 +52,34 @@ def _raw(fields, name):
 class Message:
     __slots__ = ("id", "stream", "group", "raw_fields", "deliveries", "consumer", "_payload", "_headers", "_fields")
 
-    def __init__(self, id, stream, group, raw_fields, deliveries=1, consumer=""):
+    id: str  # the entry id, "<ms>-<seq>"
+    stream: str
+    group: str | None  # the consumer group it was delivered to (None for one only read, as streams_app.testing captures)
+    raw_fields: dict[Any, Any]  # the entry's fields as Redis returned them (bytes)
+    deliveries: int  # 1 on the first delivery
+    consumer: str
+
+    def __init__(self, id: str, stream: str, group: str | None, raw_fields: dict[Any, Any], deliveries: int = 1,
+                 consumer: str = "") -> None:
         self.id = id
         self.stream = stream
         self.group = group
         self.raw_fields = raw_fields
         self.deliveries = deliveries
         self.consumer = consumer
-        self._payload = _UNSET
-        self._headers = _UNSET
-        self._fields = None
+        self._payload: Any = _UNSET
+        self._headers: Any = _UNSET
+        self._fields: dict[str, str] | None = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Message {self.stream} {self.id} group={self.group} deliveries={self.deliveries}>"
 
-    def decode(self):
+    def decode(self) -> None:
         """Decode payload and headers now; raises PayloadDecodeError for poison input."""
         _ = self.payload, self.headers  # both are decoding properties
 
     @property
-    def payload(self):
+    def payload(self) -> Any:
         """The decoded JSON payload. Raises PayloadDecodeError for poison input."""
         if self._payload is _UNSET:
             fields = self.raw_fields
@@ -81,7 +92,7 @@ class Message:
             self._payload = codec.decode(raw, types, entry_id=self.id)
         return self._payload
 
-    def _other_payload_fields(self):
+    def _other_payload_fields(self) -> tuple[Any, Any]:
         """(payload, payload_types) of a decoded client's entry, or of an older producer's ``data``."""
         for name in PAYLOAD_FIELDS:
             raw = _raw(self.raw_fields, name)
@@ -90,7 +101,7 @@ class Message:
         raise PayloadDecodeError(f"entry {self.id} has no 'payload' or 'data' field")
 
     @property
-    def headers(self):
+    def headers(self) -> dict[str, Any]:
         if self._headers is _UNSET:
             raw = _raw(self.raw_fields, b"headers")
             if raw is None:
@@ -106,14 +117,15 @@ class Message:
         return self._headers
 
     @property
-    def fields(self):
+    def fields(self) -> dict[str, str]:
         """Every field of the entry as text, undecoded JSON included."""
-        if self._fields is None:
-            self._fields = decode_fields(self.raw_fields)
-        return self._fields
+        fields = self._fields
+        if fields is None:
+            fields = self._fields = decode_fields(self.raw_fields)
+        return fields
 
     @property
-    def target_group(self):
+    def target_group(self) -> str | None:
         """Set on replayed dead letters: only this group handles the entry; others ack it unseen."""
         raw = _raw(self.raw_fields, TARGET_GROUP_FIELD)
         if raw is None and _raw(self.raw_fields, b"replay_of") is not None:
@@ -122,31 +134,31 @@ class Message:
         return None if raw is None else _text(raw)
 
     @property
-    def idempotency_id(self):
+    def idempotency_id(self) -> str | None:
         """What the idempotency guards deduplicate by when set (outbox messages): see IDEMPOTENCY_ID_FIELD."""
         raw = _raw(self.raw_fields, _IDEMPOTENCY_ID_RAW)
         return None if raw is None else _text(raw)
 
     @property
-    def scheduled_id(self):
+    def scheduled_id(self) -> str | None:
         """A deferred message's scheduled id (what its ``publish(..., run_after=...)`` returned), else None."""
         raw = _raw(self.raw_fields, SCHEDULED_ID_FIELD.encode())
         return None if raw is None else _text(raw)
 
     @property
-    def run_after(self):
+    def run_after(self) -> int | None:
         """When a deferred message was due, in ms since the epoch (Redis clock); None for a direct one."""
         raw = _raw(self.raw_fields, RUN_AFTER_FIELD.encode())
         return int(raw) if raw is not None and _text(raw).isdigit() else None
 
     @property
-    def key(self):
+    def key(self) -> str | None:
         """The key the producer gave, or None: the idempotency guards' key unless ``idempotency_id`` is set."""
         raw = _raw(self.raw_fields, b"key")
         return None if raw is None else _text(raw)
 
     @property
-    def published_at(self):
+    def published_at(self) -> int:
         """Milliseconds since the epoch when the producer published it (from the entry id if absent)."""
         raw = _raw(self.raw_fields, b"published_at")
         if raw is not None and _text(raw).isdigit():

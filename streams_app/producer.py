@@ -1,6 +1,11 @@
 """Publishing JSON messages to a stream."""
+from __future__ import annotations
+
+import datetime
 import json
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import redis
 from redis.exceptions import AskError, MovedError
@@ -15,12 +20,40 @@ from streams_app.connection import (
 )
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
 from streams_app.keys import key_type
+from streams_app.message import IDEMPOTENCY_ID_FIELD
 from streams_app.names import utf8_size, validate_stream_name
 
 _PIPELINE_CHUNK = 1000
 
+Fields = dict[str, Any]  # one entry's fields as XADD stores them (text, or the codec's bytes)
+# hook(stream, entries, using) -> entry ids (see set_publish_hook)
+PublishHook = Callable[[str, list[Fields], "str | None"], list[str]]
 
-def _to_json(value, what):  # what: "headers are"
+# The one seam for tests (streams_app.testing.capture_publishes): while a hook is set, publish,
+# publish_many and outbox publishes validate and encode as always, then hand the encoded entries to
+# the hook instead of Redis or the outbox table. Nothing is monkeypatched and no Redis is needed.
+_publish_hook: PublishHook | None = None
+
+
+def set_publish_hook(hook: PublishHook | None) -> PublishHook | None:
+    """Install ``hook(stream, entries, using)`` (``None`` removes it); return the hook it replaces.
+
+    ``entries`` are the fields of each message as XADD would store them; ``using`` is the database
+    alias of an outbox publish (the hook decides when it counts: on commit), else None. For a direct
+    publish the hook returns one entry id per entry; for an outbox publish its return is ignored.
+    """
+    global _publish_hook
+    previous, _publish_hook = _publish_hook, hook
+    return previous
+
+
+def diverted() -> bool:
+    """True while a publish hook is set (a test's capture_publishes): code that writes to Redis beside a
+    publish (a task backend's result record) skips that write too, so a captured test needs no Redis."""
+    return _publish_hook is not None
+
+
+def _to_json(value: Any, what: str) -> str:  # what: "headers are"
     """Compact JSON text of ``value``; PublishError for what JSON cannot hold (NaN, Infinity, objects)."""
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -34,7 +67,7 @@ def _to_json(value, what):  # what: "headers are"
         raise PublishError(f"{what} not JSON-serialisable: {exc}") from None
 
 
-def encode_payload(payload, codec=None, limit=None):
+def encode_payload(payload: Any, codec: str | None = None, limit: int | None = None) -> tuple[bytes, str | None, int]:
     """(payload bytes, ``payload_types`` text or None, size in bytes) of ``payload``; PublishError for what
     cannot be one (not JSON, NaN/Infinity, a lone surrogate, over MAX_PAYLOAD_BYTES). Publish and replay share it."""
     body, types = codecs.encode(payload, codec)
@@ -48,7 +81,8 @@ def encode_payload(payload, codec=None, limit=None):
     return body, types, size
 
 
-def encode_message(payload, *, key=None, headers=None, codec=None):
+def encode_message(payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | None = None,
+                   codec: str | None = None) -> Fields:
     """The fields of one entry. Raises PublishError for input that cannot be a message.
 
     ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
@@ -65,18 +99,20 @@ class _MessageEncoder:
     (per millisecond). publish_many of small payloads spends a few µs per message in all.
     """
 
-    def __init__(self, headers, codec):
+    def __init__(self, headers: Mapping[str, Any] | None, codec: str | None) -> None:
         self.headers, self.codec = headers, codec
-        self.limit = setting("MAX_PAYLOAD_BYTES")
-        self._headers_json = self._headers_size = None
-        self._ms, self._ms_text = None, ""
+        self.limit: int = setting("MAX_PAYLOAD_BYTES")
+        self._headers_json: str | None = None
+        self._headers_size = 0
+        self._ms: int | None = None
+        self._ms_text = ""
 
-    def __call__(self, payload, key=None):
+    def __call__(self, payload: Any, key: str | None = None) -> Fields:
         body, types, size = encode_payload(payload, self.codec, self.limit)
         ms = int(time.time() * 1000)
         if ms != self._ms:
             self._ms, self._ms_text = ms, str(ms)
-        fields = {"payload": body, "published_at": self._ms_text}
+        fields: Fields = {"payload": body, "published_at": self._ms_text}
         if types is not None:
             fields[codecs.TYPES_FIELD] = types
         if key is not None:
@@ -95,7 +131,7 @@ class _MessageEncoder:
                                f"{self.limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
         return fields
 
-    def _encode_headers(self):
+    def _encode_headers(self) -> None:
         if not isinstance(self.headers, dict):
             raise PublishError(f"headers must be a dict, not {type(self.headers).__name__}")
         text = _to_json(self.headers, "headers are")
@@ -103,7 +139,7 @@ class _MessageEncoder:
         self._headers_json = text
 
 
-def _xadd(conn, stream, fields, maxlen):
+def _xadd(conn: Any, stream: str, fields: Fields, maxlen: int | None) -> Any:
     """XADD ``fields`` to ``stream`` on a client or pipeline of our own.
 
     The command redis-py's ``xadd`` builds, given to ``execute_command`` directly: ``xadd`` checks a
@@ -116,25 +152,25 @@ def _xadd(conn, stream, fields, maxlen):
     return conn.execute_command("XADD", stream, "MAXLEN", "~", str(maxlen), "*", *_flat(fields))
 
 
-def _flat(fields):
+def _flat(fields: Fields) -> Iterator[Any]:
     for pair in fields.items():
         yield from pair
 
 
-def _xadd_on_callers_pipeline(pipeline, stream, fields, maxlen):
+def _xadd_on_callers_pipeline(pipeline: Any, stream: str, fields: Fields, maxlen: int | None) -> Any:
     # Whatever pipeline the caller passes gets the public method, as before.
     if maxlen is None:
         return pipeline.xadd(stream, fields)
     return pipeline.xadd(stream, fields, maxlen=maxlen, approximate=True)
 
 
-def _not_a_stream(conn, stream):
+def _not_a_stream(conn: Any, stream: str) -> PublishError:
     """XADD met a key of another type: say so, and leave the key alone (it is someone's data)."""
     return PublishError(f"Redis key {stream!r} holds a {key_type(conn, stream)}, not a stream; nothing was published "
                         f"and the key was left as it is. Publish to another stream name, or remove the key yourself.")
 
 
-def _check_maxlen(maxlen):
+def _check_maxlen(maxlen: object) -> None:
     if maxlen is not None and (isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen <= 0):
         raise PublishError(f"maxlen must be a positive integer or None, not {maxlen!r}")
 
@@ -144,7 +180,7 @@ def _check_maxlen(maxlen):
 WAIT_SOCKET_MARGIN_MS = 1000
 
 
-def _check_replicas(replicas, outbox, timeout_ms):
+def _check_replicas(replicas: object, outbox: bool, timeout_ms: object) -> None:
     if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
         raise PublishError(f"replicas must be a positive integer or None, not {replicas!r}")
     if replicas is not None and outbox:
@@ -154,7 +190,7 @@ def _check_replicas(replicas, outbox, timeout_ms):
                            "(WAIT with 0 would block until the replicas confirm, however long that takes)")
 
 
-def _check_wait_fits(conn, stream, timeout_ms):
+def _check_wait_fits(conn: Any, stream: str, timeout_ms: int) -> None:
     """Refuse, before anything is stored, a WAIT that would outlast the client's socket timeout."""
     seconds = node_client(conn, stream).connection_pool.connection_kwargs.get("socket_timeout")
     if seconds is None:
@@ -167,8 +203,10 @@ def _check_wait_fits(conn, stream, timeout_ms):
             f"up on WAIT's reply with a connection error after the entry was stored; nothing was published")
 
 
-def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=None, codec=None, outbox=False,
-            using="default", replicas=None, replicas_timeout_ms=1000, run_after=None):
+def publish(stream: str, payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | None = None,
+            maxlen: int | None = None, pipeline: Any = None, codec: str | None = None, outbox: bool = False,
+            using: str = "default", replicas: int | None = None, replicas_timeout_ms: int = 1000,
+            run_after: datetime.datetime | datetime.timedelta | None = None) -> str | None:
     """Append one message; return its entry id (None when queued on ``pipeline``).
 
     ``run_after``: an aware datetime, or a timedelta from now (on the Redis clock): the message waits
@@ -192,6 +230,8 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     if outbox:
         return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec, due)[0]
     fields = encode_message(payload, key=key, headers=headers, codec=codec)
+    if _publish_hook is not None:
+        return _publish_hook(stream, [fields], None)[0]
     logical = stream
     conn = get_connection()  # once: django-redis's lookup costs a few µs of a ~40 µs publish
     # Once per process and stream: also refuses a plain publish to a stream recorded as partitioned.
@@ -220,7 +260,7 @@ def publish(stream, payload, *, key=None, headers=None, maxlen=None, pipeline=No
     return to_text(entry_id)
 
 
-def _due(run_after, pipeline=None):
+def _due(run_after: datetime.datetime | datetime.timedelta | None, pipeline: Any = None) -> Any:
     """The scheduled.Due of ``run_after`` (None: publish now); PublishError for what cannot be one."""
     if run_after is None:
         return None
@@ -230,7 +270,8 @@ def _due(run_after, pipeline=None):
     return scheduled.due_of(run_after)
 
 
-def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
+def _publish_replicated(conn: Any, stream: str, fields: Fields, maxlen: int | None, replicas: int,
+                        timeout_ms: int) -> str:
     # WAIT counts the replicas that have this connection's writes, so both go on one connection:
     # a pipeline on the node that holds the stream.
     pipe = slot_pipeline(conn, stream)
@@ -260,8 +301,11 @@ def _publish_replicated(conn, stream, fields, maxlen, replicas, timeout_ms):
     return entry_id
 
 
-def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, codec=None, outbox=False, using="default",
-                 replicas=None, replicas_timeout_ms=1000, run_after=None):
+def publish_many(stream: str, payloads: Iterable[Any], *, keys: Iterable[str | None] | None = None,
+                 headers: Mapping[str, Any] | None = None, maxlen: int | None = None, codec: str | None = None,
+                 outbox: bool = False, using: str = "default", replicas: int | None = None,
+                 replicas_timeout_ms: int = 1000,
+                 run_after: datetime.datetime | datetime.timedelta | None = None) -> list[str]:
     """Append many messages, 1000 per round trip; return their ids in order.
 
     ``run_after``: every message is deferred until then (see ``publish``); returns their scheduled ids.
@@ -297,6 +341,8 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
             error = PublishError(f"message {index}: {exc}")
             error.index, error.reason = index, str(exc)
             raise error from None
+    if _publish_hook is not None:
+        return _publish_hook(stream, encoded, None)
     conn = get_connection()
     targets = None
     if len(partitions.ensure_recorded(conn, stream)) > 1:
@@ -313,7 +359,7 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     if replicas is not None:
         return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
                                 replicas_timeout_ms)
-    ids = []
+    ids: list[str] = []
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
         batch = encoded[start : start + _PIPELINE_CHUNK]
         if targets is not None:
@@ -334,7 +380,7 @@ def publish_many(stream, payloads, *, keys=None, headers=None, maxlen=None, code
     return ids
 
 
-def _send_batch(conn, stream, batch, maxlen):
+def _send_batch(conn: Any, stream: str, batch: list[Fields], maxlen: int | None) -> Any:
     """One MULTI/EXEC of ``batch`` on the node that holds ``stream``; its replies.
 
     A plain pipeline on the node, not a cluster pipeline: measured, a cluster client's transaction
@@ -358,7 +404,9 @@ def _send_batch(conn, stream, batch, maxlen):
     return pipe.execute()
 
 
-def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, codec=None, due=None):
+def _to_outbox(stream: str, payloads: list[Any], keys: list[str | None], headers: Mapping[str, Any] | None,
+               maxlen: int | None, using: str, pipeline: Any = None, codec: str | None = None,
+               due: Any = None) -> list[str]:
     from streams_app.outbox import enqueue
 
     if pipeline is not None:
@@ -378,24 +426,30 @@ def _to_outbox(stream, payloads, keys, headers, maxlen, using, pipeline=None, co
         at = scheduled.absolute(due).ms
         for fields, scheduled_id in zip(encoded, scheduled.new_ids(len(encoded))):
             fields.update({scheduled.RUN_AFTER_FIELD: str(at), scheduled.SCHEDULED_ID_FIELD: scheduled_id})
+    if _publish_hook is not None:
+        for fields in encoded:  # as enqueue stores them: the guards deduplicate the relay's copies by it
+            fields[IDEMPOTENCY_ID_FIELD] = enqueue.new_idempotency_id()
+        _publish_hook(stream, encoded, using)
+        return checked
     return enqueue.enqueue(stream, encoded, checked, maxlen, using)
 
 
-def _partial(stream, ids, in_doubt, cause):
+def _partial(stream: str, ids: list[str], in_doubt: int, cause: BaseException) -> PartialPublishError:
     done = f"{len(ids)} messages were published (last id {ids[-1]})" if ids else "no message was published"
     doubt = f", the next {in_doubt} may or may not have been stored" if in_doubt else ""
     return PartialPublishError(f"Redis failed part-way through publishing to {stream!r} ({type(cause).__name__}: "
                                f"{cause}): {done}{doubt}", ids=ids, in_doubt=in_doubt, cause=cause)
 
 
-def _send_partitioned(conn, stream, targets, batch, maxlen, done):
+def _send_partitioned(conn: Any, stream: str, targets: list[str], batch: list[Fields], maxlen: int | None,
+                      done: list[str]) -> list[Any]:
     """One batch of a partitioned stream: each partition's share in one MULTI/EXEC on its node.
 
     A transaction cannot span slots, so a batch is atomic per partition, not as a whole: when
     Redis fails part-way, the messages after the last one known stored are reported in doubt.
     """
-    replies = [None] * len(batch)
-    shares = {}  # partition -> positions in the batch, partitions in order of first appearance
+    replies: list[Any] = [None] * len(batch)
+    shares: dict[str, list[int]] = {}  # partition -> positions in the batch, partitions in order of first appearance
     for i, target in enumerate(targets):
         shares.setdefault(target, []).append(i)
     for target, positions in shares.items():
@@ -416,7 +470,7 @@ def _send_partitioned(conn, stream, targets, batch, maxlen, done):
     return replies
 
 
-def _prefix(replies):
+def _prefix(replies: list[Any]) -> list[str]:
     known = []
     for entry_id in replies:
         if entry_id is None:
@@ -425,7 +479,8 @@ def _prefix(replies):
     return known
 
 
-def _send_replicated(conn, stream, targets, encoded, maxlen, replicas, timeout_ms):
+def _send_replicated(conn: Any, stream: str, targets: list[str], encoded: list[Fields], maxlen: int | None,
+                     replicas: int, timeout_ms: int) -> list[Any]:
     """publish_many with WAIT: per batch and master, one plain pipeline on that master holding a
     MULTI/EXEC per stream (a transaction cannot span slots), and, after the master's last batch,
     WAIT on the same connection (WAIT counts the replicas that have this connection's writes; a
@@ -434,12 +489,12 @@ def _send_replicated(conn, stream, targets, encoded, maxlen, replicas, timeout_m
     nodes = [node_of[target] for target in targets]
     last_batch = {node: start for start in range(0, len(encoded), _PIPELINE_CHUNK)
                   for node in nodes[start : start + _PIPELINE_CHUNK]}
-    ids = [None] * len(encoded)
+    ids: list[Any] = [None] * len(encoded)
     confirmed_by = {}
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
         positions = range(start, min(start + _PIPELINE_CHUNK, len(encoded)))
         for node in dict.fromkeys(nodes[i] for i in positions):
-            blocks = {}
+            blocks: dict[str, list[int]] = {}
             for i in positions:
                 if nodes[i] == node:
                     blocks.setdefault(targets[i], []).append(i)
@@ -459,12 +514,12 @@ def _send_replicated(conn, stream, targets, encoded, maxlen, replicas, timeout_m
                 raise _partial_of(stream, ids, max(i for members in blocks.values() for i in members), exc) from None
             failure = _stored_blocks(blocks, replies, ids)
             if failure is not None:
-                target, exc = failure
-                if isinstance(exc, (*TRANSIENT_ERRORS, redis.exceptions.ReadOnlyError)):
+                target, error = failure
+                if isinstance(error, (*TRANSIENT_ERRORS, redis.exceptions.ReadOnlyError)):
                     recover(conn)
-                if is_wrongtype(exc) and not any(ids):
+                if is_wrongtype(error) and not any(ids):
                     raise _not_a_stream(conn, target) from None
-                raise _partial_of(stream, ids, -1, exc) from None
+                raise _partial_of(stream, ids, -1, error) from None
             if waits:
                 confirmed = replies[-1]
                 if isinstance(confirmed, Exception):
@@ -482,7 +537,7 @@ def _send_replicated(conn, stream, targets, encoded, maxlen, replicas, timeout_m
     return ids
 
 
-def _stored_blocks(blocks, replies, ids):
+def _stored_blocks(blocks: dict[str, list[int]], replies: list[Any], ids: list[Any]) -> tuple[str, Any] | None:
     """Record the ids of each MULTI/EXEC block in ``replies``; return (stream, error) of the first that failed.
 
     Each block's replies are MULTI's, one QUEUED per XADD (or the error that refused it while queued)
@@ -503,7 +558,7 @@ def _stored_blocks(blocks, replies, ids):
     return failure
 
 
-def _partial_of(stream, ids, last_sent, cause):
+def _partial_of(stream: str, ids: list[Any], last_sent: int, cause: BaseException) -> PartialPublishError:
     """PartialPublishError for ``ids`` filled where stored: those after the stored prefix, up to the
     last one stored or sent (``last_sent``), may or may not have been."""
     known = _prefix(ids)
@@ -512,5 +567,5 @@ def _partial_of(stream, ids, last_sent, cause):
     return _partial(stream, known, max(0, end - len(known)), cause)
 
 
-def _node_name(conn, key):
+def _node_name(conn: Any, key: str) -> str:
     return conn.get_node_from_key(key).name if is_cluster(conn) else ""

@@ -1,16 +1,26 @@
 """The ``@consumer`` decorator and the table of declared consumers."""
+from __future__ import annotations
+
 import difflib
 import functools
 import inspect
 import math
 import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 
 from streams_app import partitions
 from streams_app.exceptions import ConsumerConfigError, PublishError
 from streams_app.names import validate_stream_name
+
+if TYPE_CHECKING:
+    from streams_app.message import Message
+
+# What @consumer decorates, and gives back unchanged: a callable taking the message (an ``async def`` is awaited).
+H = TypeVar("H", bound=Callable[["Message"], Any])
 
 _START_CHOICES = ("0", "$")
 IDEMPOTENT_CHOICES = (None, "redis", "db")
@@ -21,11 +31,11 @@ RETENTION_CHOICES = (None, "acked")
 class ConsumerSpec:
     stream: str
     group: str
-    handler: object = field(compare=False)
+    handler: Callable[..., Any] = field(compare=False)
     start: str = "0"
     batch: int | None = None
     max_deliveries: int = 5
-    options: dict = field(default_factory=dict, compare=False)
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
     is_async: bool = False  # the handler is awaited on the worker's event loop (see handler_kind)
     # A partition of a partitioned stream (streams_app.partitions): ``stream`` is the partition's
     # key, ``logical_stream`` the declared name.
@@ -33,37 +43,37 @@ class ConsumerSpec:
     partition: int | None = None
 
     @property
-    def logical(self):
+    def logical(self) -> str:
         return self.logical_stream or self.stream
 
     @property
-    def retry_backoff(self):
+    def retry_backoff(self) -> tuple[float, float | None] | None:
         """(base, cap) in seconds, or None for the STREAMS defaults."""
         return self.options.get("retry_backoff")
 
     @property
-    def idempotent(self):
+    def idempotent(self) -> str | None:
         return self.options.get("idempotent")
 
     @property
-    def retention(self):
+    def retention(self) -> str | None:
         return self.options.get("retention")
 
     @property
-    def ordered(self):
+    def ordered(self) -> bool:
         """Ordered mode: one owner per partition, one handler at a time (streams_app.consuming.ordered)."""
         return bool(self.options.get("ordered"))
 
     @property
-    def name(self):
+    def name(self) -> str:
         return f"{self.stream}:{self.group}"
 
     @property
-    def handler_path(self):
+    def handler_path(self) -> str:
         return describe_handler(self.handler)
 
 
-def describe_handler(handler):
+def describe_handler(handler: object) -> str:
     """A dotted name for any callable: functions, methods, callable objects, functools.partial.
 
     The admin and the reclaim daemon show it; it must never raise, whatever was registered.
@@ -83,7 +93,7 @@ def describe_handler(handler):
 _registry: dict[tuple[str, str], ConsumerSpec] = {}
 
 
-def _check_name(kind, name):
+def _check_name(kind: str, name: str) -> str:
     """Refuse what cannot be typed on runconsumer's command line or shown in the admin and logs.
 
     NUL and other control characters, names of only whitespace, lone surrogates (UTF-8, which
@@ -100,14 +110,14 @@ def _check_name(kind, name):
     return name
 
 
-def _finite(number):
+def _finite(number: float) -> bool:
     try:
         return math.isfinite(number)
     except OverflowError:  # an int too large for a float
         return False
 
 
-def _check_backoff(value):
+def _check_backoff(value: object) -> tuple[float, float | None] | None:
     """``retry_backoff`` is a base in seconds (doubling per delivery, capped by RETRY_BACKOFF_MAX) or (base, cap)."""
     if value is None:
         return None
@@ -125,7 +135,7 @@ def _check_backoff(value):
     return (float(pair[0]), None if pair[1] is None else float(pair[1]))
 
 
-def _call_target(handler):
+def _call_target(handler: Any) -> Any:
     """What calling ``handler`` runs: the function itself, a partial's function, an object's ``__call__``."""
     while isinstance(handler, functools.partial):
         handler = handler.func
@@ -136,7 +146,7 @@ def _call_target(handler):
     return type(handler).__call__  # an object with __call__ (callable() was checked first)
 
 
-def handler_kind(handler):
+def handler_kind(handler: object) -> Literal["sync", "async"]:
     """"sync" or "async"; raises ConsumerConfigError for anything whose call would not run the work.
 
     A generator function (or async generator function) returns an unstarted generator when called:
@@ -163,7 +173,7 @@ def handler_kind(handler):
 _OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention", "ordered")
 
 
-def _refuse_unknown(options):
+def _refuse_unknown(options: dict[str, Any]) -> None:
     for name in options:
         close = difflib.get_close_matches(name, _OPTIONS, n=1)
         hint = f"; did you mean {close[0]}?" if close else "."
@@ -171,8 +181,11 @@ def _refuse_unknown(options):
                                   f"Valid options: {', '.join(_OPTIONS)}.")
 
 
-def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5, retry_backoff=None, idempotent=None,
-             retention=None, ordered=False, **options):
+def consumer(stream: str | None = None, *, group: str | None = None, start: Literal["0", "$"] = "0",
+             batch: int | None = None, max_deliveries: int = 5,
+             retry_backoff: float | tuple[float, float | None] | None = None,
+             idempotent: Literal["redis", "db"] | None = None, retention: Literal["acked"] | None = None,
+             ordered: bool = False, **options: Any) -> Callable[[H], H]:
     """Register ``handler(message)`` for ``group`` on ``stream``.
 
     ``start`` is where a new group begins: "0" (the whole stream) or "$" (only new entries).
@@ -224,7 +237,7 @@ def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5
     options = {"retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent, "retention": retention,
                "ordered": ordered}
 
-    def register(handler):
+    def register(handler: H) -> H:
         is_async = handler_kind(handler) == "async"
         if is_async and idempotent == "db":
             raise ConsumerConfigError(
@@ -245,12 +258,12 @@ def consumer(stream=None, *, group=None, start="0", batch=None, max_deliveries=5
     return register
 
 
-def registered():
+def registered() -> list[ConsumerSpec]:
     """Every declared consumer, sorted by stream then group; a partitioned stream's one per partition."""
     return [spec for key in sorted(_registry) for spec in expand(_registry[key])]
 
 
-def expand(spec):
+def expand(spec: ConsumerSpec) -> list[ConsumerSpec]:
     """One spec per partition of ``spec.stream`` (the spec itself when it is not partitioned).
 
     Each partition is an ordinary stream, so everything that works on a stream (reading, takeover,
@@ -262,7 +275,7 @@ def expand(spec):
     return [replace(spec, stream=name, logical_stream=spec.stream, partition=i) for i, name in enumerate(names)]
 
 
-def split_selector(selector):
+def split_selector(selector: str) -> tuple[str, str]:
     """``STREAM:GROUP`` → (stream, group). Stream names contain ':' often, so split at the last one."""
     stream, sep, group = selector.rpartition(":")
     if not sep or not stream or not group:
@@ -270,7 +283,7 @@ def split_selector(selector):
     return stream, group
 
 
-def select(selectors=()):
+def select(selectors: Sequence[str] = ()) -> list[ConsumerSpec]:
     """The specs named by ``STREAM:GROUP`` selectors, or all of them when none are given."""
     specs = registered()
     if not specs:
@@ -281,7 +294,7 @@ def select(selectors=()):
     if not selectors:
         return specs
     known = ", ".join(f"{stream}:{group}" for stream, group in sorted(_registry))
-    chosen = []
+    chosen: list[ConsumerSpec] = []
     for selector in selectors:
         key = split_selector(selector)
         one_partition = [spec for spec in specs if spec.name == selector and spec.partition is not None]
@@ -301,3 +314,8 @@ def select(selectors=()):
             raise ConsumerConfigError(f"no consumer is registered for {selector!r}. Registered: {known}")
         chosen.extend(spec for spec in expand(_registry[key]) if spec not in chosen)
     return chosen
+
+
+def declared(stream: str, group: str | None = None) -> list[ConsumerSpec]:
+    """The specs declared for ``stream`` (one ``group`` of it, when given), as declared: partitions unexpanded."""
+    return [spec for (s, g), spec in sorted(_registry.items()) if s == stream and group in (None, g)]

@@ -12,6 +12,9 @@ from tests.redis_cluster import RedisClusterServer
 from tests.redis_server import RedisServer
 from tests.waiting import wait_for
 
+# The fixtures Shoal ships for projects that use it (docs/testing.md): shoal_published, shoal_redis.
+pytest_plugins = ["streams_app.testing.pytest_plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -148,12 +148,18 @@ def run_chunk(handler, messages, guard=None, budget=None):
     ``guard`` (streams_app.consuming.idempotency) skips duplicates.
     """
     close_old_connections()
+    result = run_chunk_here(handler, messages, guard, budget)
+    close_old_connections()
+    return result
+
+
+def run_chunk_here(handler, messages, guard=None, budget=None):
+    """``run_chunk`` on the caller's database connection as it stands: no stale-connection check,
+    which would close a test's connection and its transaction (streams_app.testing runs handlers so)."""
     chunk = Chunk(messages, guard, budget)
     runnable = chunk.admit(chunk.runnable())
     if guard is None:
-        left = _run_unguarded(handler, chunk, runnable)
-        close_old_connections()
-        return chunk.close(left)
+        return chunk.close(_run_unguarded(handler, chunk, runnable))
     call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
@@ -171,7 +177,6 @@ def run_chunk(handler, messages, guard=None, budget=None):
         else:
             chunk.ran(message)
     chunk.end_guard()
-    close_old_connections()
     return chunk.close(left)
 
 
@@ -278,6 +283,11 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
     worker's EventLoopRunner records the handled entries in the guard and settles in a thread.
     """
     await _db.check()
+    return await run_chunk_async_here(handler, messages, guard, budget)
+
+
+async def run_chunk_async_here(handler, messages, guard=None, budget=None):
+    """``run_chunk_async`` without the stale-connection check (see run_chunk_here)."""
     chunk = Chunk(messages, guard, budget)
     try:
         runnable = chunk.runnable()

@@ -36,7 +36,7 @@ from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
-from streams_app.consuming.outcomes import Outcome, Status
+from streams_app.consuming.outcomes import Outcome, Status, dead_lettered
 from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
 from streams_app.consuming.takeover import TakeOver
 from streams_app.deadletters import store as deadletters
@@ -61,6 +61,10 @@ _str = to_text
 
 
 class GroupLoop(TakeOver):
+    # runconsumer --burst: stop once a read finds nothing new and nothing is running or left to settle.
+    burst = False
+    read_nothing = False  # the last XREADGROUP ">" came back empty
+
     def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
                  concurrency=None, outage=None):
         self.spec = spec
@@ -138,9 +142,15 @@ class GroupLoop(TakeOver):
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self):
-        while not self.shutdown.is_set():
+        while not self.shutdown.is_set() and not self.burst_done():
             self.step()
         self.drain()
+
+    def burst_done(self):
+        """Burst mode is over: the stream had nothing new at the last read, and no handler runs and no ack,
+        last error or dead-letter move waits. Entries waiting for a retry stay pending for their back-off."""
+        return (self.burst and self.read_nothing and not self.chunks
+                and not (self.to_ack or self.errors or self.to_dead_letter))
 
     def step(self):
         """One pass that survives Redis trouble: back off on connection errors, remake a lost group."""
@@ -197,7 +207,9 @@ class GroupLoop(TakeOver):
             block = BUSY_BLOCK_MS
         else:
             block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
-        self.dispatch(self.read_new(capacity, block))
+        entries = self.read_new(capacity, block)
+        self.read_nothing = not entries
+        self.dispatch(entries)
 
     def make_ready(self, now):
         """Create the group at ``start``, or, once it was lost while consuming, where it stood (lost_group.py)."""
@@ -382,7 +394,7 @@ class GroupLoop(TakeOver):
             return
         poison = outcome.status is Status.POISON
         error, traceback = deadletters.describe(outcome.error, poison=poison)
-        if poison or message.deliveries >= self.max_deliveries:
+        if dead_lettered(outcome, self.max_deliveries):
             self.to_dead_letter.append((message.id, error, traceback))
         else:
             self.errors.append((message.id, error, traceback))

@@ -44,6 +44,13 @@ class ChunkResult:
     unrun: list = field(default_factory=list)
 
 
+def dead_lettered(outcome, max_deliveries):
+    """True when ``outcome`` goes to the dead-letter stream now: poison input, or its last delivery
+    failed. Otherwise it is retried after its back-off (streams_app.consuming.retry). The read loop and
+    the in-process runner of streams_app.testing both decide by this."""
+    return outcome.status is Status.POISON or outcome.message.deliveries >= max_deliveries
+
+
 def exception_text(exc):
     """``Type: message`` of an exception; never raises, even when the exception's ``__str__`` does.
 

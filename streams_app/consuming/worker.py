@@ -47,6 +47,8 @@ logger = logging.getLogger("streams_app.consumer")
 # Without CLIENT UNBLOCK (a least-privilege Redis user) a stop waits for the blocked read to end:
 # reads block at most this long then.
 SHORT_BLOCK_MS = 500
+# --burst: how long a read waits for a new entry before the burst counts the stream as done.
+BURST_BLOCK_MS = 10
 
 
 class Shutdown(threading.Event):
@@ -61,7 +63,7 @@ class Worker:
     executor_class = ThreadPoolExecutor
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
-                 clock=time.monotonic, heartbeat=None, concurrency=None):
+                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -88,6 +90,7 @@ class Worker:
         self.mover = Mover(self.streams, config=config, clock=clock, name=self.name,  # deferred messages
                            refused=refusals.refused)
         self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
+        self.burst = burst  # handle what is there, then stop (runconsumer --burst)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -106,7 +109,8 @@ class Worker:
             self.renew_liveness()
             self.move_scheduled()
             try:
-                signum = self.signals.get(timeout=0.1 if self.shutdown.is_set() else self.mover.wait())
+                waiting = 0.1 if self.shutdown.is_set() or self.burst else self.mover.wait()
+                signum = self.signals.get(timeout=waiting)
             except queue.Empty:
                 signum = None
             if signum is not None:
@@ -157,6 +161,9 @@ class Worker:
             if not self.can_unblock:
                 loop.block_ms = min(loop.block_ms, SHORT_BLOCK_MS)
                 loop.can_list_clients = False
+            if self.burst:
+                loop.burst = True
+                loop.block_ms = min(loop.block_ms, BURST_BLOCK_MS)
             thread = threading.Thread(target=self._run_loop, args=(loop,), name=f"shoal-read-{spec.name}", daemon=True)
             self.loops.append(loop)
             self.threads_.append(thread)

@@ -42,6 +42,11 @@ class Command(DaemonCommand):
         parser.add_argument("--block-ms", type=positive_int, help="How long an idle read blocks, in ms (default STREAMS['BLOCK_MS']).")
         parser.add_argument("--shutdown-timeout", type=non_negative_seconds,
                             help="Seconds in-flight handlers get after SIGTERM (default STREAMS['SHUTDOWN_TIMEOUT']).")
+        parser.add_argument("--burst", action="store_true",
+                            help="Handle what the streams hold now (new entries, and pending ones due for takeover), "
+                                 "wait for those handlers, then exit 0 instead of waiting for more. For tests and "
+                                 "batch jobs; entries that failed and wait for a retry stay pending. One process "
+                                 "only (not with --workers), and not for ordered=True consumers.")
         pool = parser.add_argument_group("supervisor (worker pool)")
         pool.add_argument("--workers", type=positive_int,
                           help="Run a supervisor with this many worker processes (fixed; SIGTTIN/SIGTTOU add or remove one).")
@@ -84,6 +89,13 @@ class Command(DaemonCommand):
             specs = select(selectors)
         except ConsumerConfigError as exc:
             raise config_error(str(exc)) from None
+        if options["burst"]:
+            if pooled:
+                raise config_error("--burst runs one process: leave out --workers/--min-workers/--max-workers.")
+            ordered = [spec.name for spec in specs if spec.ordered]
+            if ordered:
+                raise config_error(f"--burst does not run ordered=True consumers ({', '.join(sorted(set(ordered)))}); "
+                                   "select the others with STREAM:GROUP.")
         if pooled:
             return self.run_supervisor(selectors, specs, level, options)
         return self.run_in_process(specs, options)
@@ -133,7 +145,8 @@ class Command(DaemonCommand):
             except OSError as exc:
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
-                        shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"])
+                        shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
+                        burst=options["burst"])
         try:
             code = worker.run()
         except StreamsError as exc:

@@ -1,6 +1,5 @@
 """run_chunk and run_chunk_async in-process: what a handler does becomes an outcome, never an escape."""
 import asyncio
-import json
 import warnings
 
 import pytest
@@ -9,13 +8,13 @@ from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.eventloop import cancel_for_shutdown
 from streams_app.consuming.outcomes import Status, exception_text
 from streams_app.exceptions import HandlerShapeError
-from streams_app.message import Message
+from streams_app.testing import make_message
 
 pytestmark = pytest.mark.django_db  # the runners close stale database connections
 
 
 def message(n, payload=None):
-    return Message(f"1-{n}", "chunks-test", "g", {b"payload": json.dumps(payload or {}).encode()}, 1, "me")
+    return make_message(payload or {}, stream="chunks-test", group="g", id=f"1-{n}")
 
 
 class BadStr(Exception):
