@@ -382,7 +382,7 @@ class GroupLoop(TakeOver):
             return
         poison = outcome.status is Status.POISON
         error, traceback = deadletters.describe(outcome.error, poison=poison)
-        if poison or message.deliveries >= self.max_deliveries:
+        if poison or outcome.status is Status.REJECTED or message.deliveries >= self.max_deliveries:
             self.to_dead_letter.append((message.id, error, traceback))
         else:
             self.errors.append((message.id, error, traceback))

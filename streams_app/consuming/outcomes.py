@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 class Status(enum.Enum):
     FAILED = "error"  # the handler raised (or could not run): retried, dead-lettered at max_deliveries
     POISON = "poison"  # the payload cannot be decoded: dead-lettered at once, no retry can help
+    REJECTED = "rejected"  # the handler raised RejectMessage: dead-lettered at once, with its reason
 
     @property
     def reason(self):

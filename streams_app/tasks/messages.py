@@ -1,0 +1,48 @@
+"""What a task message is: its stream, its group, its payload.
+
+A queue ``Q`` is the stream ``tasks:Q``, read by the consumer group ``workers`` (so ``runconsumer
+tasks:Q:workers`` selects it). The payload is a JSON object::
+
+    {"id": result id, "task": "module.function", "backend": alias, "queue": Q, "priority": n,
+     "takes_context": bool, "args": [...], "kwargs": {...}}
+
+``args`` and ``kwargs`` are normalised as Django's TaskResult does (tuples become lists, bytes text);
+what is not JSON raises TypeError or ValueError at enqueue, before anything is written.
+"""
+from streams_app.exceptions import RejectMessage
+
+STREAM_PREFIX = "tasks"
+GROUP = "workers"
+
+
+def stream_name(queue):
+    return f"{STREAM_PREFIX}:{queue}"
+
+
+def selector(queue):
+    """What ``runconsumer`` takes to run only this queue."""
+    return f"{stream_name(queue)}:{GROUP}"
+
+
+def payload(result):
+    """The message of a TaskResult (``result.args``/``kwargs`` are already normalised by Django)."""
+    task = result.task
+    return {"id": result.id, "task": task.module_path, "backend": result.backend, "queue": task.queue_name,
+            "priority": task.priority, "takes_context": task.takes_context, "args": result.args,
+            "kwargs": result.kwargs}
+
+
+def parse(data):
+    """The fields of a task message; RejectMessage (dead-lettered at once) for anything else."""
+    if not isinstance(data, dict):
+        raise RejectMessage(f"a task message is a JSON object, not {type(data).__name__}")
+    missing = [name for name in ("id", "task", "args", "kwargs") if name not in data]
+    if missing:
+        raise RejectMessage(f"the task message lacks {', '.join(missing)}")
+    if not isinstance(data["id"], str) or not data["id"]:
+        raise RejectMessage(f"the task message's id must be a string, not {data['id']!r}")
+    if not isinstance(data["task"], str) or "." not in data["task"]:
+        raise RejectMessage(f"the task message's task must be a dotted path, not {data['task']!r}")
+    if not isinstance(data["args"], list) or not isinstance(data["kwargs"], dict):
+        raise RejectMessage("the task message's args must be a list and its kwargs an object")
+    return data

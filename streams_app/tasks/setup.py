@@ -1,0 +1,35 @@
+"""Declare one consumer per queue of each StreamsBackend in TASKS, at app ready (so ``runconsumer``
+with no arguments runs them beside the ``@consumer`` handlers, and selects one with
+``tasks:<queue>:workers``)."""
+import functools
+
+from django.conf import settings
+
+from streams_app.registry import consumer
+from streams_app.tasks import messages, options
+
+BACKEND_PATH = "streams_app.tasks.StreamsBackend"
+
+
+def streams_backends():
+    """(alias, params) of each TASKS entry whose BACKEND is Shoal's."""
+    configured = getattr(settings, "TASKS", None) or {}
+    if not isinstance(configured, dict):
+        return []
+    return [(alias, params) for alias, params in configured.items()
+            if isinstance(params, dict) and params.get("BACKEND") == BACKEND_PATH]
+
+
+def queues(params):
+    return list(params.get("QUEUES") or ["default"])
+
+
+def install():
+    """Register the queues' consumers; idempotent (the registry accepts the same handler twice)."""
+    from streams_app.tasks.runner import run_message
+
+    for alias, params in streams_backends():
+        config = options.merged(params.get("OPTIONS"))
+        for queue in queues(params):
+            consumer(messages.stream_name(queue), group=messages.GROUP,
+                     max_deliveries=config["MAX_DELIVERIES"])(functools.partial(run_message, alias))
