@@ -1,5 +1,10 @@
 """Django Tasks run by real ``manage.py runconsumer`` processes (tests.tasks_settings)."""
+import datetime as dt
+import json
+import sys
+
 import pytest
+from django.utils import timezone
 
 from tests.waiting import wait_for
 
@@ -24,7 +29,8 @@ def test_runconsumer_without_arguments_runs_an_enqueued_task_to_a_successful_res
     assert done.return_value == 5
     assert done.attempts == 1 and len(done.worker_ids) == 1
     assert done.enqueued_at <= done.started_at <= done.last_attempted_at <= done.finished_at
-    assert "tasks:default:workers" in proc.output() and "tasks:emails:workers" in proc.output()
+    proc.wait_for_output("tasks:emails:workers")  # both queues run, beside any @consumer handlers
+    assert "tasks:default:workers" in proc.output()
 
 
 def test_a_task_that_raises_is_failed_with_the_exception_and_dead_lettered(jobs, run_workers, redis):
@@ -39,3 +45,46 @@ def test_a_task_that_raises_is_failed_with_the_exception_and_dead_lettered(jobs,
     wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=30, what="the message dead-lettered")
     with pytest.raises(ValueError, match="failed"):
         done.return_value  # noqa: B018 -- Django raises for the return value of a failed task
+
+
+def test_a_worker_killed_mid_task_leaves_it_to_another_that_runs_it_again_to_success(jobs, run_workers, tmp_path):
+    marker = tmp_path / "first-attempt"
+    result = jobs.slow_first_attempt.enqueue(str(marker))
+    first = run_workers("tasks:default:workers", streams=FAST)
+    wait_for(marker.exists, timeout=60, what="the first attempt started")
+    running = jobs.slow_first_attempt.get_result(result.id)
+    assert running.status == "RUNNING" and running.attempts == 1
+    assert int(marker.read_text()) == first.pid  # the attempt runs in the process about to be killed
+    first.kill()
+    second = run_workers("tasks:default:workers", streams=FAST)
+    done = wait_for(finished(jobs.slow_first_attempt, result.id), timeout=60, what="the task finished")
+    assert done.status == "SUCCESSFUL", done.errors
+    assert done.return_value == {"attempt": 2}
+    assert done.attempts == 2 and len(set(done.worker_ids)) == 2
+    assert done.errors == []
+    assert second.proc.poll() is None
+
+
+def test_a_deferred_task_does_not_start_before_run_after_and_starts_soon_after(jobs, run_workers):
+    run_workers("tasks:default:workers")
+    run_after = timezone.now() + dt.timedelta(seconds=3)
+    result = jobs.add.using(run_after=run_after).enqueue(20, 22)
+    waiting = jobs.add.get_result(result.id)
+    assert waiting.status == "READY" and waiting.started_at is None
+    done = wait_for(finished(jobs.add, result.id), timeout=60, what="the deferred task finished")
+    assert done.status == "SUCCESSFUL" and done.return_value == 42
+    assert done.started_at >= run_after
+    assert done.started_at - run_after < dt.timedelta(seconds=2.5)  # the consumers move due messages each pass
+
+
+@pytest.mark.parametrize("path", ["os.system", "tests.testapp.tasks.not_a_task", "antigravity.fly",
+                                  "tests.testapp.tasks.nothing_here"])
+def test_a_message_naming_anything_but_a_task_is_dead_lettered_and_never_run(path, run_workers, redis, tmp_path):
+    payload = {"id": "x" * 32, "task": path, "args": [f"touch {tmp_path}/ran"], "kwargs": {}}
+    redis.xadd("tasks:default", {"payload": json.dumps(payload)})
+    run_workers("tasks:default:workers")
+    wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the message dead-lettered")
+    [(_, fields)] = redis.xrange("{tasks:default}:dlq")
+    assert "not run" in fields["shoal:error"], fields
+    assert "antigravity" not in sys.modules
+    assert not (tmp_path / "ran").exists()
