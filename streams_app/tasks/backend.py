@@ -38,9 +38,10 @@ class StreamsBackend(BaseTaskBackend):
 
     def validate_task(self, task):
         super().validate_task(task)
-        # A queue name becomes part of a stream name and of runconsumer's STREAM:GROUP selector.
-        if not task.queue_name or any(char.isspace() for char in task.queue_name):
-            raise InvalidTask(f"Queue name {task.queue_name!r} must be a non-empty name without whitespace.")
+        # A queue name becomes part of a stream name (":high" and ":low" name its bands) and of
+        # runconsumer's STREAM:GROUP selector.
+        if not task.queue_name or any(char.isspace() or char == ":" for char in task.queue_name):
+            raise InvalidTask(f"Queue name {task.queue_name!r} must be a non-empty name without whitespace or ':'.")
 
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
@@ -53,7 +54,7 @@ class StreamsBackend(BaseTaskBackend):
         record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
                                                       "args", "kwargs")},
                   "enqueued_at": result.enqueued_at, "run_after": task.run_after}
-        stream = messages.stream_name(task.queue_name)
+        stream = messages.stream_for(task.queue_name, task.priority)
         ttl = self.config["RESULT_TTL"]
         if self.config["OUTBOX"]:
             using = self.config["DATABASE"]

@@ -36,8 +36,8 @@ def check_tasks_settings(app_configs=None, **kwargs):
 
 
 def _bad_queue(queue):
-    if not queue or any(char.isspace() for char in queue):
-        return f"queue name {queue!r} must be non-empty, without whitespace."
+    if not queue or any(char.isspace() or char == ":" for char in queue):
+        return f"queue name {queue!r} must be non-empty, without whitespace or ':' (':high' and ':low' name its bands)."
     try:
         validate_stream_name(messages.stream_name(queue))
     except Exception as exc:  # PublishError: the stream name it would be cannot be one

@@ -1,7 +1,9 @@
 """What a task message is: its stream, its group, its payload.
 
-A queue ``Q`` is the stream ``tasks:Q``, read by the consumer group ``workers`` (so ``runconsumer
-tasks:Q:workers`` selects it). The payload is a JSON object::
+A queue ``Q`` is three streams, one per priority band, read by the consumer group ``workers``:
+``tasks:Q:high`` (priority 1 to 100), ``tasks:Q`` (0, the default) and ``tasks:Q:low`` (-100 to -1);
+a band is read only while the bands above it have nothing unread (streams_app/consuming/bands.py).
+``runconsumer tasks:Q:workers`` selects the queue's three. The payload is a JSON object::
 
     {"id": result id, "task": "module.function", "backend": alias, "queue": Q, "priority": n,
      "takes_context": bool, "args": [...], "kwargs": {...}}
@@ -10,13 +12,26 @@ tasks:Q:workers`` selects it). The payload is a JSON object::
 what is not JSON raises TypeError or ValueError at enqueue, before anything is written.
 """
 from streams_app.exceptions import RejectMessage
+from streams_app.registry import band_stream
 
 STREAM_PREFIX = "tasks"
 GROUP = "workers"
+# Highest first, as the registry's bands= takes them.
+BANDS = ("high", "", "low")
 
 
 def stream_name(queue):
+    """The queue's stream (of priority 0); the consumer's stream, whose bands are its neighbours."""
     return f"{STREAM_PREFIX}:{queue}"
+
+
+def band(priority):
+    return "high" if priority > 0 else "low" if priority < 0 else ""
+
+
+def stream_for(queue, priority=0):
+    """The stream a task of ``priority`` on ``queue`` is published to."""
+    return band_stream(stream_name(queue), band(priority))
 
 
 def selector(queue):

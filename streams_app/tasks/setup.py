@@ -31,5 +31,5 @@ def install():
     for alias, params in streams_backends():
         config = options.merged(params.get("OPTIONS"))
         for queue in queues(params):
-            consumer(messages.stream_name(queue), group=messages.GROUP,
-                     max_deliveries=config["MAX_DELIVERIES"])(functools.partial(run_message, alias))
+            consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
+                     bands=messages.BANDS)(functools.partial(run_message, alias))

@@ -88,3 +88,44 @@ def test_a_message_naming_anything_but_a_task_is_dead_lettered_and_never_run(pat
     assert "not run" in fields["shoal:error"], fields
     assert "antigravity" not in sys.modules
     assert not (tmp_path / "ran").exists()
+
+
+def test_with_one_thread_higher_priority_tasks_run_before_lower_ones_already_waiting(jobs, run_workers, tmp_path):
+    log = tmp_path / "order"
+    expected = {"high": [], "normal": [], "low": []}
+    results = []
+    for round_ in range(3):  # enqueued interleaved, low first: the order they run in is the bands'
+        for band, priority in (("low", -50), ("normal", 0), ("high", 100)):
+            label = f"{band}{round_}"
+            expected[band].append(label)
+            results.append(jobs.note.using(priority=priority).enqueue(str(log), label))
+    run_workers("tasks:default:workers", "--threads", "1")
+    wait_for(lambda: all(jobs.note.get_result(r.id).is_finished for r in results), timeout=60,
+             what="every task finished")
+    ran = [line.split()[0] for line in log.read_text().splitlines()]
+    assert ran == expected["high"] + expected["normal"] + expected["low"]
+
+
+def test_an_async_task_is_awaited_and_its_result_stored(jobs, run_workers):
+    result = jobs.async_add.enqueue(40, 2)
+    run_workers("tasks:default:workers")
+    done = wait_for(finished(jobs.async_add, result.id), timeout=60, what="the async task finished")
+    assert done.status == "SUCCESSFUL", done.errors
+    assert done.return_value == 42
+
+
+def test_a_task_that_takes_context_gets_its_attempt_and_result(jobs, run_workers):
+    result = jobs.context_info.enqueue()
+    run_workers("tasks:default:workers")
+    done = wait_for(finished(jobs.context_info, result.id), timeout=60, what="the task finished")
+    assert done.return_value == {"attempt": 1, "id": result.id}
+
+
+def test_a_task_of_the_emails_queue_runs_under_that_queues_selector_only(jobs, run_workers, redis):
+    email = jobs.send_email.enqueue("a@example.com", subject="hi")
+    other = jobs.add.enqueue(1, 1)
+    run_workers("tasks:emails:workers")
+    done = wait_for(finished(jobs.send_email, email.id), timeout=60, what="the email task finished")
+    assert done.return_value == {"to": "a@example.com", "subject": "hi"}
+    assert jobs.add.get_result(other.id).status == "READY"
+    assert redis.xlen("tasks:default") == 1
