@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from streams_app.connection import get_connection
+from streams_app.exceptions import RejectMessage
 from streams_app.producer import publish
 from streams_app.tasks import messages, options, results
 from streams_app.tasks.lookup import find_task
@@ -96,7 +97,10 @@ def to_task_result(record, task=None):
 
 
 def _resolve(record):
-    task = find_task(record["task"])
+    try:
+        task = find_task(record["task"])
+    except RejectMessage as exc:  # the code changed since: the result is there, its task is not
+        raise TaskResultDoesNotExist(f"Task result {record['id']!r} is stored, but {exc}") from exc
     changes = {"queue_name": record["queue"] or task.queue_name, "priority": record["priority"]}
     if record["run_after"] is not None:
         changes["run_after"] = record["run_after"]
