@@ -13,6 +13,10 @@ DEFAULTS = {
     # How many times a task that raised is run again (after STREAMS["RETRY_BACKOFF"]) before its
     # result is FAILED and the message dead-lettered. 0: Django's rule, a raise is FAILED at once.
     "MAX_RETRIES": 0,
+    # The queues' consumers' idempotency guard: None, "redis" or "db" (docs/tasks.md "At least once").
+    # "db" runs each task in a transaction with a ProcessedMessage row keyed by the result id, so a
+    # task whose effects are writes to that database has them once, however often it is delivered.
+    "IDEMPOTENT": None,
 }
 
 
@@ -35,6 +39,8 @@ def problems(options):
     elif value >= options.get("MAX_DELIVERIES", DEFAULTS["MAX_DELIVERIES"]) if isinstance(
             options.get("MAX_DELIVERIES", 5), int) else False:
         found.append(f"MAX_RETRIES ({value}) must be below MAX_DELIVERIES: each retry is a delivery")
+    if options.get("IDEMPOTENT") not in (None, "redis", "db"):
+        found.append(f"IDEMPOTENT must be None, 'redis' or 'db', not {options['IDEMPOTENT']!r}")
     if not isinstance(options.get("OUTBOX", False), bool):
         found.append(f"OUTBOX must be True or False, not {options['OUTBOX']!r}")
     if not isinstance(options.get("DATABASE", "default"), str):

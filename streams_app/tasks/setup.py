@@ -32,4 +32,4 @@ def install():
         config = options.merged(params.get("OPTIONS"))
         for queue in queues(params):
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
-                     bands=messages.BANDS)(functools.partial(run_message, alias))
+                     bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(functools.partial(run_message, alias))

@@ -5,11 +5,11 @@ import json
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.checks import run_checks
 
 from streams_app.exceptions import RejectMessage
 from streams_app.message import Message
 from streams_app.tasks import results
+from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
 from streams_app.tasks.runner import run_message
 from tests import tasks_settings
@@ -121,14 +121,36 @@ def test_aenqueue_and_aget_result(jobs, redis):
 ])
 def test_bad_tasks_settings_are_system_check_errors(settings, params, error):
     settings.TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend", **params}}
-    assert error in {message.id for message in run_checks(tags=None) if message.id.startswith("streams_app.E06")}
+    assert error in {message.id for message in check_tasks_settings() if message.id.startswith("streams_app.E06")}
 
 
 def test_two_backends_naming_one_queue_is_an_error(settings):
     backend = {"BACKEND": "streams_app.tasks.StreamsBackend", "QUEUES": ["default"]}
     settings.TASKS = {"default": backend, "other": backend}
-    assert "streams_app.E063" in {message.id for message in run_checks()}
+    assert "streams_app.E063" in {message.id for message in check_tasks_settings()}
 
 
 def test_good_tasks_settings_pass_the_checks():
-    assert not [message for message in run_checks() if message.id.startswith("streams_app.E06")]
+    assert not [message for message in check_tasks_settings() if message.id.startswith("streams_app.E06")]
+
+
+@pytest.fixture
+def clean_registry():
+    from streams_app.registry import _registry
+
+    saved = dict(_registry)
+    yield
+    _registry.clear()
+    _registry.update(saved)
+
+
+def test_install_declares_each_queue_as_a_banded_consumer_with_the_options(settings, clean_registry):
+    from streams_app.registry import select
+    from streams_app.tasks.setup import install
+
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"],
+                                  "OPTIONS": {"MAX_DELIVERIES": 3, "IDEMPOTENT": "db"}}}
+    install()
+    specs = select(["tasks:emails:workers"])
+    assert [spec.stream for spec in specs] == ["tasks:emails:high", "tasks:emails", "tasks:emails:low"]
+    assert {(spec.group, spec.max_deliveries, spec.idempotent) for spec in specs} == {("workers", 3, "db")}
