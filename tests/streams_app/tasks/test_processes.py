@@ -86,6 +86,8 @@ def test_a_message_naming_anything_but_a_task_is_dead_lettered_and_never_run(pat
     wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the message dead-lettered")
     [(_, fields)] = redis.xrange("{tasks:default}:dlq")
     assert "not run" in fields["shoal:error"], fields
+    assert fields["shoal:error"].startswith("RejectMessage: ")
+    assert fields["shoal:deliveries"] == "1"  # at once: no retry can make it a task
     assert "antigravity" not in sys.modules
     assert not (tmp_path / "ran").exists()
 
