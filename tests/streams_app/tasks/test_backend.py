@@ -14,6 +14,8 @@ from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_fi
 from streams_app.tasks.runner import run_message
 from tests import tasks_settings
 
+pytestmark = pytest.mark.both_redis
+
 
 def delivered(redis, stream="tasks:default", deliveries=1, consumer="worker-1"):
     entry_id, fields = redis.xrange(stream)[-1]

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 FAST = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
 
