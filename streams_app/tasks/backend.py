@@ -7,6 +7,7 @@ With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox ins
 published only if the caller's transaction commits (and its READY result is written then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
+from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -55,7 +56,7 @@ class StreamsBackend(BaseTaskBackend):
         record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
                                                       "args", "kwargs")},
                   "enqueued_at": result.enqueued_at, "run_after": task.run_after}
-        stream = messages.stream_for(task.queue_name, task.priority)
+        stream = messages.stream_for(task.queue_name, task.priority, iscoroutinefunction(task.func))
         ttl = self.config["RESULT_TTL"]
         if self.config["OUTBOX"]:
             using = self.config["DATABASE"]

@@ -108,12 +108,19 @@ def test_with_one_thread_higher_priority_tasks_run_before_lower_ones_already_wai
     assert ran == expected["high"] + expected["normal"] + expected["low"]
 
 
-def test_an_async_task_is_awaited_and_its_result_stored(jobs, run_workers):
+def test_async_tasks_are_awaited_on_the_workers_event_loop_side_by_side(jobs, run_workers, redis):
     result = jobs.async_add.enqueue(40, 2)
-    run_workers("tasks:default:workers")
+    assert redis.xlen("tasks:default:async") == 1 and not redis.exists("tasks:default")
+    waits = [jobs.async_wait.enqueue(1.0) for _ in range(20)]
+    run_workers("tasks:default:async:workers", "--threads", "1", "--concurrency", "20")
     done = wait_for(finished(jobs.async_add, result.id), timeout=60, what="the async task finished")
     assert done.status == "SUCCESSFUL", done.errors
-    assert done.return_value == 42
+    assert done.return_value == {"sum": 42, "thread": "shoal-asyncio"}
+    wait_for(lambda: all(jobs.async_wait.get_result(r.id).is_finished for r in waits), timeout=60,
+             what="the waits finished")
+    spans = sorted((s["started"], s["ended"]) for s in (jobs.async_wait.get_result(r.id).return_value for r in waits))
+    # With one handler thread, waits run one after another there; on the event loop they overlap.
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
 
 
 def test_a_task_that_takes_context_gets_its_attempt_and_result(jobs, run_workers):
