@@ -7,6 +7,8 @@ With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox ins
 published only if the caller's transaction commits (and its READY result is written then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
+from datetime import timedelta
+
 from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 from django.utils import timezone
@@ -39,6 +41,12 @@ class StreamsBackend(BaseTaskBackend):
         self.config = options.merged(self.options)
 
     def validate_task(self, task):
+        if isinstance(task.run_after, timedelta):
+            # using(run_after=timedelta(minutes=5)): from now, as publish(..., run_after=) takes it. Django's
+            # own check would fail on it with an AttributeError; a Task is frozen, hence object.__setattr__.
+            if task.run_after < timedelta(0):
+                raise InvalidTask(f"run_after must not be a negative timedelta ({task.run_after!r}).")
+            object.__setattr__(task, "run_after", timezone.now() + task.run_after)
         super().validate_task(task)
         # A queue name becomes part of a stream name (":high" and ":low" name its bands) and of
         # runconsumer's STREAM:GROUP selector.
