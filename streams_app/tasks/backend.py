@@ -83,11 +83,15 @@ class StreamsBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id):
-        record = results.get(get_connection(), result_id)
-        if record is None:
-            raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
-                                         f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
-        return to_task_result(record)
+        try:
+            record = results.get(get_connection(), result_id)
+            if record is not None:
+                return to_task_result(record)
+        except (ValueError, TypeError) as exc:  # a hash written by something else under the result's key
+            raise TaskResultDoesNotExist(f"Task result {result_id!r} is stored in a form this backend cannot read "
+                                         f"({type(exc).__name__}: {exc}).") from exc
+        raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
+                                     f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
 
 
 def to_task_result(record, task=None):

@@ -87,3 +87,14 @@ def test_a_timedelta_run_after_counts_from_using_and_a_negative_one_is_refused(j
     assert jobs.add.get_result(result.id).status == "READY"
     with pytest.raises(InvalidTask, match="negative"):
         jobs.add.using(run_after=dt.timedelta(seconds=-1))
+
+
+@pytest.mark.parametrize("field, value", [("status", "DONE"), ("args", "not json"), ("enqueued_at", "yesterday"),
+                                          ("priority", "high")])
+def test_a_stored_result_that_is_malformed_raises_task_result_does_not_exist_saying_so(jobs, redis, field, value):
+    from streams_app.tasks import results
+
+    result = jobs.add.enqueue(1, 2)
+    redis.hset(results.key(result.id), field, value)
+    with pytest.raises(TaskResultDoesNotExist, match="cannot read"):
+        jobs.add.get_result(result.id)
