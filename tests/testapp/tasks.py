@@ -64,5 +64,11 @@ def note(path, label):
     return label
 
 
+@task()
+def sleepy(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
 def not_a_task():
     return "never run"

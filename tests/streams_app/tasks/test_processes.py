@@ -1,6 +1,7 @@
 """Django Tasks run by real ``manage.py runconsumer`` processes (tests.tasks_settings)."""
 import datetime as dt
 import json
+import signal
 import sys
 
 import pytest
@@ -156,3 +157,24 @@ def test_deferred_tasks_survive_a_sigkill_of_the_worker_moving_them_each_moved_o
     assert [jobs.add.get_result(r.id).return_value for r in results] == list(range(200))
     assert redis.xlen("tasks:default") == 200  # each moved onto the stream exactly once
     assert redis.zcard("{tasks:default}:scheduled") == 0
+
+
+def test_sigterm_lets_a_running_task_finish_and_the_worker_exit_0(jobs, run_workers):
+    result = jobs.sleepy.enqueue(1.5)
+    proc = run_workers("tasks:default:workers")
+    wait_for(lambda: jobs.sleepy.get_result(result.id).status == "RUNNING", timeout=60, what="the task running")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    done = jobs.sleepy.get_result(result.id)
+    assert (done.status, done.return_value, done.attempts) == ("SUCCESSFUL", 1.5, 1)
+
+
+def test_replaying_a_failed_tasks_dead_letter_runs_it_again_as_a_second_attempt(jobs, run_workers, redis):
+    result = jobs.fail.enqueue("boom")
+    run_workers("tasks:default:workers")
+    wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the dead letter")
+    replay = run_workers("tasks:default", "--group", "workers", "--all", command="replay")
+    assert replay.wait(60) == 0, replay.output()
+    done = wait_for(lambda: len(jobs.fail.get_result(result.id).errors) == 2 and jobs.fail.get_result(result.id),
+                    timeout=60, what="the second attempt failed too")
+    assert done.status == "FAILED" and done.attempts == 2
