@@ -17,6 +17,11 @@ class StreamsConfig(AppConfig):
 
         # Like admin.py: every installed app's consumers.py declares its @consumer handlers.
         import_consumers_modules()
+        # The queues of a StreamsBackend in TASKS are consumers too (streams_app/tasks/setup.py).
+        from streams_app.tasks import checks as task_checks  # noqa: F401  (registers the TASKS checks)
+        from streams_app.tasks.setup import install
+
+        install()
 
 
 def import_consumers_modules():

@@ -79,3 +79,9 @@ class PartitionConfigError(StreamsError):
 
 class HandlerCancelledError(StreamsError):
     """An async handler's task was cancelled by the handler (or a library it called), not by Shoal: the entry fails."""
+
+
+class RejectMessage(StreamsError):
+    """Raised by a handler for a message that no retry can help (it names code that must not run, its
+    payload is not what the handler takes): the entry is dead-lettered at once with this exception's
+    text as the reason, without the retries max_deliveries would give an ordinary failure."""

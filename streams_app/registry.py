@@ -41,6 +41,9 @@ class ConsumerSpec:
     # key, ``logical_stream`` the declared name.
     logical_stream: str | None = None
     partition: int | None = None
+    # Priority bands (``bands=``): the streams of the higher bands; this spec reads new entries only
+    # while none of them has entries the group has not yet read (streams_app.consuming.bands).
+    yields_to: tuple[str, ...] = ()
 
     @property
     def logical(self) -> str:
@@ -58,6 +61,11 @@ class ConsumerSpec:
     @property
     def retention(self) -> str | None:
         return self.options.get("retention")
+
+    @property
+    def bands(self) -> tuple[str, ...] | None:
+        """Priority bands, highest first: stream-name suffixes, "" for the stream itself (see consumer())."""
+        return self.options.get("bands")
 
     @property
     def ordered(self) -> bool:
@@ -170,7 +178,8 @@ def handler_kind(handler: object) -> Literal["sync", "async"]:
 
 
 # Keyword arguments of consumer() after ``stream``: an unknown one is a typo of one of these.
-_OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention", "ordered")
+_OPTIONS = ("group", "start", "batch", "max_deliveries", "retry_backoff", "idempotent", "retention", "ordered",
+            "bands")
 
 
 def _refuse_unknown(options: dict[str, Any]) -> None:
@@ -185,7 +194,7 @@ def consumer(stream: str | None = None, *, group: str | None = None, start: Lite
              batch: int | None = None, max_deliveries: int = 5,
              retry_backoff: float | tuple[float, float | None] | None = None,
              idempotent: Literal["redis", "db"] | None = None, retention: Literal["acked"] | None = None,
-             ordered: bool = False, **options: Any) -> Callable[[H], H]:
+             ordered: bool = False, bands: Sequence[str] | None = None, **options: Any) -> Callable[[H], H]:
     """Register ``handler(message)`` for ``group`` on ``stream``.
 
     ``start`` is where a new group begins: "0" (the whole stream) or "$" (only new entries).
@@ -196,6 +205,10 @@ def consumer(stream: str | None = None, *, group: str | None = None, start: Lite
     entries every group of the stream has acknowledged. ``ordered=True``: each partition (a stream that is
     not partitioned is one partition) is read by one consumer of the group at a time, through a lease,
     one message at a time, so per-key order holds (docs/cluster.md "Ordered mode").
+    ``bands``: priority bands, highest first, as suffixes of the stream name ("" for the stream
+    itself): ``bands=("high", "", "low")`` reads ``S:high``, ``S`` and ``S:low``, each a stream of
+    its own with the same handler and group, and a band reads new entries only while the bands
+    above it have none unread (streams_app/consuming/bands.py). Selected as one: ``S:GROUP``.
 
     ``handler`` may be a function (run in a handler thread) or an ``async def`` (awaited on the
     worker's event loop). Generator functions and non-callables are refused.
@@ -235,7 +248,7 @@ def consumer(stream: str | None = None, *, group: str | None = None, start: Lite
     if not isinstance(ordered, bool):
         raise ConsumerConfigError(f"ordered must be True or False, not {ordered!r}")
     options = {"retry_backoff": _check_backoff(retry_backoff), "idempotent": idempotent, "retention": retention,
-               "ordered": ordered}
+               "ordered": ordered, "bands": _check_bands(bands, ordered)}
 
     def register(handler: H) -> H:
         is_async = handler_kind(handler) == "async"
@@ -258,6 +271,24 @@ def consumer(stream: str | None = None, *, group: str | None = None, start: Lite
     return register
 
 
+def _check_bands(bands: Sequence[str] | None, ordered: bool) -> tuple[str, ...] | None:
+    if bands is None:
+        return None
+    if isinstance(bands, str) or not isinstance(bands, (tuple, list)) or len(bands) < 2 or "" not in bands:
+        raise ConsumerConfigError(f"bands must be a list of stream-name suffixes, highest first, with '' for the "
+                                  f"stream itself, e.g. ('high', '', 'low'); not {bands!r}")
+    if len(set(bands)) != len(bands) or not all(isinstance(band, str) and ":" not in band for band in bands):
+        raise ConsumerConfigError(f"bands must be distinct suffixes without ':', not {bands!r}")
+    if ordered:
+        raise ConsumerConfigError("bands and ordered=True cannot be combined: bands read by priority, not in order")
+    return tuple(bands)
+
+
+def band_stream(stream: str, band: str) -> str:
+    """The stream of one priority band: the stream itself for "", else ``stream:band``."""
+    return f"{stream}:{band}" if band else stream
+
+
 def registered() -> list[ConsumerSpec]:
     """Every declared consumer, sorted by stream then group; a partitioned stream's one per partition."""
     return [spec for key in sorted(_registry) for spec in expand(_registry[key])]
@@ -269,6 +300,10 @@ def expand(spec: ConsumerSpec) -> list[ConsumerSpec]:
     Each partition is an ordinary stream, so everything that works on a stream (reading, takeover,
     retries, dead letters, trimming, the reclaimer, metrics) works per partition unchanged.
     """
+    if spec.bands:
+        # Bands are not partitioned: each is one stream, in its own slot on a cluster.
+        streams = [band_stream(spec.stream, band) for band in spec.bands]
+        return [replace(spec, stream=stream, yields_to=tuple(streams[:i])) for i, stream in enumerate(streams)]
     names = partitions.names(spec.stream)
     if len(names) == 1:
         return [spec]

@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from shoal_common.logsummary import RepeatSummary
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
 from streams_app.consuming.eventloop import FinishInThread, cancelled_by_shutdown
-from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError
+from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError, RejectMessage
 from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")
@@ -105,7 +105,8 @@ class Chunk:
             exception_text(exc), exc_info=logger.isEnabledFor(logging.DEBUG),
             extra={"stream": message.stream, "group": message.group},
         )
-        self.result.failed.append(Outcome(message, Status.FAILED, exc))
+        status = Status.REJECTED if isinstance(exc, RejectMessage) else Status.FAILED
+        self.result.failed.append(Outcome(message, status, exc))
         self.errored.append(message)
 
     def end_guard(self):

@@ -30,7 +30,7 @@ from shoal_common.redis_errors import is_lost_group, is_oom, is_unblocked
 from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
-from streams_app.consuming import refusals
+from streams_app.consuming import bands, refusals
 from streams_app.consuming.chunks import run_chunk, run_chunk_async
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
@@ -203,10 +203,16 @@ class GroupLoop(TakeOver):
             if entries:
                 self.dispatch(entries)
                 return
+        if self.spec.yields_to and bands.waiting(self.conn, self.spec.yields_to, self.group):
+            self.flush_acks()  # a higher priority band has unread entries: leave the threads to them
+            self.collect(timeout=bands.YIELD_SECONDS)
+            return
         if self.busy_chunks:
             block = BUSY_BLOCK_MS
         else:
             block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
+            if self.spec.yields_to:  # a read blocked here would not see a higher band filling up
+                block = min(block, int(bands.YIELD_SECONDS * 1000))
         entries = self.read_new(capacity, block)
         self.read_nothing = not entries
         self.dispatch(entries)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 class Status(enum.Enum):
     FAILED = "error"  # the handler raised (or could not run): retried, dead-lettered at max_deliveries
     POISON = "poison"  # the payload cannot be decoded: dead-lettered at once, no retry can help
+    REJECTED = "rejected"  # the handler raised RejectMessage: dead-lettered at once, with its reason
 
     @property
     def reason(self):
@@ -45,10 +46,11 @@ class ChunkResult:
 
 
 def dead_lettered(outcome, max_deliveries):
-    """True when ``outcome`` goes to the dead-letter stream now: poison input, or its last delivery
-    failed. Otherwise it is retried after its back-off (streams_app.consuming.retry). The read loop and
+    """True when ``outcome`` goes to the dead-letter stream now: poison input, a RejectMessage, or its
+    last delivery failed. Otherwise it is retried after its back-off (streams_app.consuming.retry). The read loop and
     the in-process runner of streams_app.testing both decide by this."""
-    return outcome.status is Status.POISON or outcome.message.deliveries >= max_deliveries
+    return (outcome.status in (Status.POISON, Status.REJECTED)
+            or outcome.message.deliveries >= max_deliveries)
 
 
 def exception_text(exc):

@@ -1,0 +1,46 @@
+"""Priority bands: a band's read loop reads new entries only while the bands above it have none unread.
+
+A consumer declared with ``bands=`` (streams_app.registry) is one stream per band, each read by its
+own GroupLoop of the same group. Before each read of new entries, a band's loop asks Redis whether
+any higher band's stream holds entries the group has not been delivered (XINFO GROUPS ``lag``). If
+one does, it reads nothing this pass and waits YIELD_SECONDS for its running handlers instead.
+
+What "before" means: a task of a higher band is read before those of the lower bands still in
+Redis. Entries a loop has already read (at most its free handler slots, two per thread) still run
+first, and so do entries being retried or taken over, which are not new reads. Under concurrency
+the bands run side by side whenever the higher ones have nothing left unread.
+"""
+import redis
+
+from shoal_common.text import to_text
+
+# How long a yielding band waits before it asks again (seconds).
+YIELD_SECONDS = 0.05
+
+
+def waiting(conn, streams, group):
+    """Whether any of ``streams`` holds entries not yet delivered to ``group``."""
+    if not streams:
+        return False
+    pipe = conn.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xinfo_groups(stream)
+    for stream, reply in zip(streams, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, redis.ResponseError):
+            continue  # no such stream yet: nothing waits there
+        if isinstance(reply, Exception):
+            raise reply
+        for info in reply:
+            if to_text(info.get("name")) != group:
+                continue
+            lag = info.get("lag")
+            if lag is None:  # Redis cannot tell (entries deleted): compare the ids instead
+                lag = _behind(conn, stream, to_text(info.get("last-delivered-id")))
+            if lag:
+                return True
+    return False
+
+
+def _behind(conn, stream, last_delivered):
+    last = to_text(conn.xinfo_stream(stream).get("last-generated-id"))
+    return last != last_delivered

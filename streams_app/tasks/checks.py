@@ -1,0 +1,45 @@
+"""System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063)."""
+from django.core.checks import Error, register
+
+from streams_app.names import validate_stream_name
+from streams_app.tasks import messages, options
+from streams_app.tasks.setup import streams_backends
+
+HINT = "See docs/tasks.md, \"Settings\"."
+
+
+@register()
+def check_tasks_settings(app_configs=None, **kwargs):
+    errors = []
+    owners = {}
+    for alias, params in streams_backends():
+        where = f"TASKS[{alias!r}]"
+        errors += [Error(f"{where}['OPTIONS']: {problem}.", hint=HINT, id="streams_app.E060")
+                   for problem in options.problems(params.get("OPTIONS", {}))]
+        errors += [Error(f"{where} has an unknown key {name!r}.", hint="Known: BACKEND, QUEUES, OPTIONS.",
+                         id="streams_app.E061") for name in params if name not in ("BACKEND", "QUEUES", "OPTIONS")]
+        queues = params.get("QUEUES", ["default"])
+        if not isinstance(queues, (list, tuple)) or not queues or not all(isinstance(q, str) for q in queues):
+            errors.append(Error(f"{where}['QUEUES'] must be a non-empty list of queue names, not {queues!r}.",
+                                hint=HINT, id="streams_app.E062"))
+            continue
+        for queue in queues:
+            problem = _bad_queue(queue)
+            if problem:
+                errors.append(Error(f"{where}['QUEUES']: {problem}", hint=HINT, id="streams_app.E062"))
+            elif queue in owners:
+                errors.append(Error(f"{where}['QUEUES'] and TASKS[{owners[queue]!r}] both name queue {queue!r}: "
+                                    f"both would be the stream {messages.stream_name(queue)!r}.",
+                                    hint="Give each backend its own queue names.", id="streams_app.E063"))
+            owners.setdefault(queue, alias)
+    return errors
+
+
+def _bad_queue(queue):
+    if not queue or any(char.isspace() or char == ":" for char in queue):
+        return f"queue name {queue!r} must be non-empty, without whitespace or ':' (':high' and ':low' name its bands)."
+    try:
+        validate_stream_name(messages.stream_name(queue))
+    except Exception as exc:  # PublishError: the stream name it would be cannot be one
+        return f"queue name {queue!r}: {exc}"
+    return None

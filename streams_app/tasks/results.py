@@ -1,0 +1,140 @@
+"""Task results in Redis: one hash per result id, kept RESULT_TTL seconds after its last write.
+
+The public functions (stable: the admin and the metrics read results through them):
+
+- ``key(result_id)``: the hash's key, ``shoal:task:{<id>}`` (the id is the cluster hash tag).
+- ``valid_id(result_id)``: whether ``result_id`` has the shape of an id this backend makes.
+- ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below).
+- ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the record.
+- ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
+  READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
+- ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
+- ``ids(conn, queue, limit=100)``: the newest result ids enqueued to ``queue`` (the per-queue index,
+  a sorted set ``shoal:tasks:{queue}:results`` by enqueue time, pruned of ids older than the TTL).
+
+A record: ``id, task, backend, queue, priority, takes_context, args, kwargs, status, enqueued_at,
+run_after, started_at, last_attempted_at, finished_at`` (aware datetimes or None), ``worker_ids``
+(one per attempt, in order: Django's ``attempts`` is their number), ``errors`` (one dict per failed
+attempt) and ``return_value``.
+
+Each attempt is numbered by HINCRBY and writes its own field (``worker.<n>``, ``error.<n>``), so two
+workers running the same task (a takeover of a worker that was only slow) never lose each other's
+entries in the lists.
+"""
+import json
+import re
+import time
+from datetime import datetime
+
+from django.utils import timezone
+
+from shoal_common.text import to_text
+
+_ID = re.compile(r"[A-Za-z0-9]{1,64}")
+_TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
+_JSON = ("args", "kwargs", "return_value")
+
+
+def key(result_id):
+    return f"shoal:task:{{{result_id}}}"
+
+
+def index_key(queue):
+    return f"shoal:tasks:{{{queue}}}:results"
+
+
+def valid_id(result_id):
+    return isinstance(result_id, str) and _ID.fullmatch(result_id) is not None
+
+
+def _now_iso():
+    return timezone.now().isoformat()
+
+
+def create(conn, record, ttl, pipeline=None):
+    """Write the READY result of ``record`` (a dict: id, task, backend, queue, priority,
+    takes_context, args, kwargs, enqueued_at, run_after) and index it under its queue."""
+    pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
+    fields = {"status": "READY", "attempts": 0, "errors": 0}
+    for name, value in record.items():
+        if name in _TIMES:
+            fields[name] = value.isoformat() if value is not None else ""
+        elif name in _JSON:
+            fields[name] = json.dumps(value)
+        else:
+            fields[name] = json.dumps(value) if isinstance(value, bool) else str(value)
+    result_key = key(record["id"])
+    pipe.hset(result_key, mapping=fields)
+    pipe.expire(result_key, ttl)
+    now_ms = int(time.time() * 1000)
+    pipe.zadd(index_key(record["queue"]), {record["id"]: now_ms})
+    pipe.zremrangebyscore(index_key(record["queue"]), "-inf", now_ms - ttl * 1000)
+    pipe.expire(index_key(record["queue"]), ttl)
+    if pipeline is None:
+        pipe.execute()
+
+
+def started(conn, result_id, worker_id, ttl):
+    """RUNNING: count one more attempt by ``worker_id``; returns the record after the write."""
+    result_key = key(result_id)
+    attempt = conn.hincrby(result_key, "attempts", 1)
+    now = _now_iso()
+    pipe = conn.pipeline(transaction=True)
+    pipe.hset(result_key, mapping={"status": "RUNNING", "last_attempted_at": now, f"worker.{attempt}": worker_id})
+    pipe.hsetnx(result_key, "started_at", now)
+    pipe.expire(result_key, ttl)
+    pipe.hgetall(result_key)
+    return _decode(result_id, pipe.execute()[-1])
+
+
+def finished(conn, result_id, status, ttl, return_value=None, error=None):
+    """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
+    ``error``, READY when it will be run again). Returns the record after the write."""
+    result_key = key(result_id)
+    fields = {"status": status}
+    if status in ("SUCCESSFUL", "FAILED"):
+        fields["finished_at"] = _now_iso()
+    if status == "SUCCESSFUL":
+        fields["return_value"] = json.dumps(return_value)
+    if error is not None:
+        number = conn.hincrby(result_key, "errors", 1)
+        fields[f"error.{number}"] = json.dumps(error)
+    pipe = conn.pipeline(transaction=True)
+    pipe.hset(result_key, mapping=fields)
+    pipe.expire(result_key, ttl)
+    pipe.hgetall(result_key)
+    return _decode(result_id, pipe.execute()[-1])
+
+
+def get(conn, result_id):
+    """The record of ``result_id``, or None (unknown, expired, or not an id at all)."""
+    if not valid_id(result_id):
+        return None
+    return _decode(result_id, conn.hgetall(key(result_id)))
+
+
+def ids(conn, queue, limit=100):
+    """The newest ``limit`` result ids enqueued to ``queue`` (some may have expired since)."""
+    return [to_text(member) for member in conn.zrevrange(index_key(queue), 0, limit - 1)]
+
+
+def _decode(result_id, raw):
+    fields = {to_text(name): to_text(value) for name, value in (raw or {}).items()}
+    if "task" not in fields or "status" not in fields:
+        return None  # expired between two writes, or never created (only an attempt counter)
+    record = {"id": result_id, "task": fields["task"], "backend": fields.get("backend", "default"),
+              "queue": fields.get("queue", ""), "status": fields["status"],
+              "priority": int(fields.get("priority") or 0), "takes_context": fields.get("takes_context") == "true"}
+    for name in _TIMES:
+        value = fields.get(name)
+        record[name] = datetime.fromisoformat(value) if value else None
+    for name in _JSON:
+        value = fields.get(name)
+        record[name] = json.loads(value) if value else None
+    record["args"] = record["args"] or []
+    record["kwargs"] = record["kwargs"] or {}
+    record["worker_ids"] = [fields[f"worker.{n}"] for n in range(1, int(fields.get("attempts") or 0) + 1)
+                            if f"worker.{n}" in fields]
+    record["errors"] = [json.loads(fields[f"error.{n}"]) for n in range(1, int(fields.get("errors") or 0) + 1)
+                        if f"error.{n}" in fields]
+    return record

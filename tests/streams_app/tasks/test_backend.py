@@ -1,0 +1,178 @@
+"""StreamsBackend in one process: what enqueue stores and publishes, what one run of the handler
+writes, the signals, the async API and the TASKS system checks. The runs by real workers are in
+test_processes.py."""
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from streams_app.exceptions import RejectMessage
+from streams_app.message import Message
+from streams_app.tasks import results
+from streams_app.tasks.checks import check_tasks_settings
+from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
+from streams_app.tasks.runner import run_message, run_message_async
+from tests import tasks_settings
+
+pytestmark = pytest.mark.both_redis
+
+
+def delivered(redis, stream="tasks:default", deliveries=1, consumer="worker-1"):
+    entry_id, fields = redis.xrange(stream)[-1]
+    return Message(entry_id, stream, "workers", fields, deliveries=deliveries, consumer=consumer)
+
+
+@pytest.fixture
+def signals():
+    got = []
+
+    def receiver(signal, sender, task_result, **kwargs):
+        got.append((signal, task_result.status))
+
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.connect(receiver, weak=False)
+    yield got
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.disconnect(receiver)
+
+
+def test_enqueue_stores_a_ready_result_and_publishes_the_normalised_call(jobs, redis):
+    result = jobs.send_email.enqueue(("a@example.com",)[0], subject=b"hi")
+    assert result.status == "READY" and results.valid_id(result.id)
+    stored = jobs.send_email.get_result(result.id)
+    assert (stored.status, stored.args, stored.kwargs) == ("READY", ["a@example.com"], {"subject": "hi"})
+    assert stored.enqueued_at == result.enqueued_at and stored.attempts == 0
+    [(_, fields)] = redis.xrange("tasks:emails")
+    assert fields["key"] == result.id
+    assert json.loads(fields["payload"]) == {
+        "id": result.id, "task": "tests.testapp.tasks.send_email", "backend": "default", "queue": "emails",
+        "priority": 0, "takes_context": False, "args": ["a@example.com"], "kwargs": {"subject": "hi"}}
+    assert 0 < redis.ttl(results.key(result.id)) <= 7 * 24 * 3600
+
+
+def test_one_run_writes_running_then_successful_and_fires_djangos_signals(jobs, redis, signals):
+    result = jobs.add.enqueue(1, 2)
+    run_message("default", delivered(redis))
+    done = jobs.add.get_result(result.id)
+    assert (done.status, done.return_value, done.worker_ids) == ("SUCCESSFUL", 3, ["worker-1"])
+    assert [status for _, status in signals] == ["READY", "RUNNING", "SUCCESSFUL"]
+    assert [signal for signal, _ in signals] == [task_enqueued, task_started, task_finished]
+
+
+def test_a_raise_is_retried_while_max_retries_allows_then_failed_with_every_error(jobs, redis, settings, signals):
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"MAX_RETRIES": 1}}}
+    result = jobs.fail.enqueue("boom")
+    with pytest.raises(ValueError, match="boom"):  # the consumer retries it after its back-off
+        run_message("default", delivered(redis, deliveries=1))
+    assert jobs.fail.get_result(result.id).status == "READY"
+    with pytest.raises(RejectMessage, match="FAILED: ValueError: boom"):  # dead-lettered at once
+        run_message("default", delivered(redis, deliveries=2, consumer="worker-2"))
+    done = jobs.fail.get_result(result.id)
+    assert done.status == "FAILED" and done.attempts == 2 and len(done.errors) == 2
+    assert [status for signal, status in signals if signal is task_finished] == ["FAILED"]
+
+
+def test_the_result_ttl_option_is_the_results_lifetime(jobs, redis, settings):
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"RESULT_TTL": 60}}}
+    result = jobs.add.enqueue(1, 2)
+    assert 0 < redis.ttl(results.key(result.id)) <= 60
+    run_message("default", delivered(redis))
+    assert 0 < redis.ttl(results.key(result.id)) <= 60
+
+
+def test_a_message_naming_a_function_that_is_no_task_is_rejected_unrun(jobs, redis):
+    redis.xadd("tasks:default", {"payload": json.dumps(
+        {"id": "a" * 32, "task": "tests.testapp.tasks.not_a_task", "args": [], "kwargs": {}})})
+    with pytest.raises(RejectMessage, match="not a Django Task"):
+        run_message("default", delivered(redis))
+    assert not redis.exists(results.key("a" * 32))
+    for payload in ([1], {"id": "a" * 32}, {"id": 1, "task": "x.y", "args": [], "kwargs": {}}):
+        redis.xadd("tasks:default", {"payload": json.dumps(payload)})
+        with pytest.raises(RejectMessage):
+            run_message("default", delivered(redis))
+
+
+def test_get_result_of_another_tasks_id_is_djangos_mismatch(jobs, redis):
+    result = jobs.add.enqueue(1, 2)
+    with pytest.raises(Exception, match="Task does not match"):
+        jobs.fail.get_result(result.id)
+
+
+def test_a_result_whose_task_is_gone_says_so(jobs, redis):
+    result = jobs.add.enqueue(1, 2)
+    redis.hset(results.key(result.id), "task", "tests.testapp.tasks.removed_since")
+    with pytest.raises(TaskResultDoesNotExist, match="removed_since"):
+        jobs.add.get_result(result.id)
+
+
+def test_aenqueue_and_aget_result(jobs, redis):
+    result = async_to_sync(jobs.add.aenqueue)(2, 2)
+    assert async_to_sync(jobs.add.aget_result)(result.id).status == "READY"
+    assert redis.xlen("tasks:default") == 1
+
+
+@pytest.mark.parametrize("params, error", [
+    ({"OPTIONS": {"RESULT_TTL": 0}}, "streams_app.E060"),
+    ({"OPTIONS": {"RESULTS_TTL": 60}}, "streams_app.E060"),
+    ({"OPTIONS": {"OUTBOX": "yes"}}, "streams_app.E060"),
+    ({"OPTIONS": {"MAX_RETRIES": 5}}, "streams_app.E060"),
+    ({"QUEUE": ["default"]}, "streams_app.E061"),
+    ({"QUEUES": "default"}, "streams_app.E062"),
+    ({"QUEUES": ["a b"]}, "streams_app.E062"),
+    ({"QUEUES": ["emails:high"]}, "streams_app.E062"),
+])
+def test_bad_tasks_settings_are_system_check_errors(settings, params, error):
+    settings.TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend", **params}}
+    assert error in {message.id for message in check_tasks_settings() if message.id.startswith("streams_app.E06")}
+
+
+def test_two_backends_naming_one_queue_is_an_error(settings):
+    backend = {"BACKEND": "streams_app.tasks.StreamsBackend", "QUEUES": ["default"]}
+    settings.TASKS = {"default": backend, "other": backend}
+    assert "streams_app.E063" in {message.id for message in check_tasks_settings()}
+
+
+def test_good_tasks_settings_pass_the_checks():
+    assert not [message for message in check_tasks_settings() if message.id.startswith("streams_app.E06")]
+
+
+@pytest.fixture
+def clean_registry():
+    from streams_app.registry import _registry
+
+    saved = dict(_registry)
+    yield
+    _registry.clear()
+    _registry.update(saved)
+
+
+def test_install_declares_each_queue_as_a_banded_consumer_with_the_options(settings, clean_registry):
+    from streams_app.registry import select
+    from streams_app.tasks.setup import install
+
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"],
+                                  "OPTIONS": {"MAX_DELIVERIES": 3, "IDEMPOTENT": "db"}}}
+    install()
+    specs = select(["tasks:emails:workers"])
+    assert [spec.stream for spec in specs] == ["tasks:emails:high", "tasks:emails", "tasks:emails:low"]
+    assert {(spec.group, spec.max_deliveries, spec.idempotent) for spec in specs} == {("workers", 3, "db")}
+
+
+def test_the_demos_task_runs_on_the_backend(jobs, redis):
+    from demo.tasks import thank_customer
+
+    result = thank_customer.enqueue("c-1", 7)
+    run_message("default", delivered(redis))
+    assert thank_customer.get_result(result.id).return_value == {"customer": "c-1", "order_id": 7, "sent": True}
+
+
+def test_the_async_handler_awaits_async_tasks_and_records_a_failure_as_the_sync_one_does(jobs, redis, signals):
+    result = jobs.async_add.enqueue(1, 2)
+    async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
+    assert jobs.async_add.get_result(result.id).return_value["sum"] == 3
+    failing = jobs.fail.enqueue("boom")
+    redis.xadd("tasks:default:async", {"payload": redis.xrange("tasks:default")[-1][1]["payload"]})
+    with pytest.raises(RejectMessage, match="FAILED: ValueError: boom"):
+        async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
+    done = jobs.fail.get_result(failing.id)
+    assert done.status == "FAILED" and done.errors[0].exception_class_path == "builtins.ValueError"

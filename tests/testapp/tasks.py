@@ -1,0 +1,74 @@
+"""Django Tasks that tests/streams_app/tasks enqueue (with tests.tasks_settings: a StreamsBackend)."""
+import asyncio
+import os
+import threading
+import time
+
+from streams_app.tasks.api import TaskContext  # noqa: F401  (documented: the context tasks receive)
+
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task
+
+
+@task()
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails")
+def send_email(to, subject="hello"):
+    return {"to": to, "subject": subject}
+
+
+@task()
+def fail(reason):
+    raise ValueError(reason)
+
+
+@task()
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return {"sum": a + b, "thread": threading.current_thread().name}
+
+
+@task()
+async def async_wait(seconds):
+    """Many of these at once share the worker's event loop: their waits overlap."""
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    return {"started": started, "ended": time.monotonic()}
+
+
+@task(takes_context=True)
+def context_info(context):
+    return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(takes_context=True)
+def slow_first_attempt(context, marker):
+    """The first attempt says so in ``marker`` and then hangs (the test SIGKILLs its worker); later ones finish."""
+    if context.attempt == 1:
+        with open(marker, "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(120)
+    return {"attempt": context.attempt}
+
+
+@task()
+def note(path, label):
+    """Append ``label`` and the time to ``path``: the order and times tasks ran in."""
+    with open(path, "a") as out:
+        out.write(f"{label} {time.time()}\n")
+    return label
+
+
+@task()
+def sleepy(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def not_a_task():
+    return "never run"
