@@ -55,6 +55,8 @@ INSTALLED_APPS = [
 ]
 if env_bool("SHOAL_DEMO", False):
     INSTALLED_APPS.append("demo")
+    # demo/tasks.py: a Django Task on Shoal (docs/tasks.md); runconsumer runs the queue beside the consumers.
+    TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend", "QUEUES": ["default"]}}
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",

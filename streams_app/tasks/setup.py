@@ -4,6 +4,7 @@ with no arguments runs them beside the ``@consumer`` handlers, and selects one w
 import functools
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from streams_app.registry import consumer
 from streams_app.tasks import messages, options
@@ -26,9 +27,16 @@ def queues(params):
 
 def install():
     """Register the queues' consumers; idempotent (the registry accepts the same handler twice)."""
-    from streams_app.tasks.runner import run_message
-
-    for alias, params in streams_backends():
+    backends = streams_backends()
+    if not backends:
+        return
+    try:
+        from streams_app.tasks.runner import run_message
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"TASKS names {BACKEND_PATH}, but Django's Tasks API is missing ({exc}): Django 6 has django.tasks; "
+            "on Django 5.2 install the backport: pip install 'django-shoal[tasks]' (docs/tasks.md)") from exc
+    for alias, params in backends:
         config = options.merged(params.get("OPTIONS"))
         for queue in queues(params):
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],

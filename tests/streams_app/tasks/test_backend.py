@@ -154,3 +154,11 @@ def test_install_declares_each_queue_as_a_banded_consumer_with_the_options(setti
     specs = select(["tasks:emails:workers"])
     assert [spec.stream for spec in specs] == ["tasks:emails:high", "tasks:emails", "tasks:emails:low"]
     assert {(spec.group, spec.max_deliveries, spec.idempotent) for spec in specs} == {("workers", 3, "db")}
+
+
+def test_the_demos_task_runs_on_the_backend(jobs, redis):
+    from demo.tasks import thank_customer
+
+    result = thank_customer.enqueue("c-1", 7)
+    run_message("default", delivered(redis))
+    assert thank_customer.get_result(result.id).return_value == {"customer": "c-1", "order_id": 7, "sent": True}

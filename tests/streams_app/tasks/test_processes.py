@@ -86,6 +86,8 @@ def test_a_message_naming_anything_but_a_task_is_dead_lettered_and_never_run(pat
     wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the message dead-lettered")
     [(_, fields)] = redis.xrange("{tasks:default}:dlq")
     assert "not run" in fields["shoal:error"], fields
+    assert fields["shoal:error"].startswith("RejectMessage: ")
+    assert fields["shoal:deliveries"] == "1"  # at once: no retry can make it a task
     assert "antigravity" not in sys.modules
     assert not (tmp_path / "ran").exists()
 
@@ -129,3 +131,21 @@ def test_a_task_of_the_emails_queue_runs_under_that_queues_selector_only(jobs, r
     assert done.return_value == {"to": "a@example.com", "subject": "hi"}
     assert jobs.add.get_result(other.id).status == "READY"
     assert redis.xlen("tasks:default") == 1
+
+
+def test_deferred_tasks_survive_a_sigkill_of_the_worker_moving_them_each_moved_once(jobs, run_workers, redis):
+    run_after = timezone.now() + dt.timedelta(seconds=1)
+    results = [jobs.add.using(run_after=run_after + dt.timedelta(milliseconds=5 * n)).enqueue(n, 0)
+               for n in range(200)]
+    assert redis.zcard("{tasks:default}:scheduled") == 200
+    first = run_workers("tasks:default:workers", streams=FAST)
+    wait_for(lambda: redis.exists("tasks:default") and redis.xlen("tasks:default") > 0, timeout=30,
+             what="the first due tasks moved")
+    first.kill()  # while it moves the rest (200 due over a second), and runs what it moved
+    run_workers("tasks:default:workers", streams=FAST)
+    wait_for(lambda: all(jobs.add.get_result(r.id).is_finished for r in results), timeout=60,
+             what="every deferred task finished")
+    assert {jobs.add.get_result(r.id).status for r in results} == {"SUCCESSFUL"}
+    assert [jobs.add.get_result(r.id).return_value for r in results] == list(range(200))
+    assert redis.xlen("tasks:default") == 200  # each moved onto the stream exactly once
+    assert redis.zcard("{tasks:default}:scheduled") == 0
