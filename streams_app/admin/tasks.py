@@ -17,6 +17,7 @@ so instead of listing anything.
 """
 import json
 
+from asgiref.sync import iscoroutinefunction
 from django.contrib import admin, messages
 from django.contrib.admin.models import ADDITION
 from django.core.exceptions import PermissionDenied
@@ -48,6 +49,15 @@ def _pretty(value):
 def _unreachable(model_admin, request, exc):
     model_admin.message_user(request, f"Redis is unreachable ({type(exc).__name__}: {exc}): task results cannot be "
                                       "read or retried now. Try again when it is back.", messages.ERROR)
+
+
+def _stream(record):
+    """The stream the task's messages go to (its ``async def`` ones have their own), '' when unknown."""
+    try:
+        is_async = iscoroutinefunction(find_task(record["task"]).func)
+    except RejectMessage:
+        return ""  # the code changed since: the page still shows the result
+    return task_messages.stream_for(record["queue"], record["priority"], is_async) if record["queue"] else ""
 
 
 class TasksPage:
@@ -105,7 +115,9 @@ class TasksPage:
         context = self._context(
             request, "Tasks", queues=queues, queue=queue, status=status, statuses=STATUSES, rows=rows,
             counts=[(name, counts[name]) for name in queues if name in counts], unreachable=unreachable,
-            limit=LIST_LIMIT, selectors={name: task_messages.selector(name) for name in queues})
+            limit=LIST_LIMIT, selectors={name: f"{task_messages.selector(name)}, "
+                                                f"{task_messages.async_stream_name(name)}:{task_messages.GROUP}"
+                                          for name in queues})
         return TemplateResponse(request, "admin/streams_app/taskresult/change_list.html", context)
 
     def _find(self, request, wanted_id):
@@ -141,7 +153,7 @@ class TasksPage:
                 attempts=attempts, workers=list(enumerate(record["worker_ids"], 1)),
                 errors=list(enumerate(record["errors"], 1)),
                 can_retry=record["status"] == "FAILED" and self.model_admin.has_retry_permission(request),
-                stream=task_messages.stream_for(record["queue"], record["priority"]) if record["queue"] else "",
+                stream=_stream(record),
             )
         return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html", context)
 

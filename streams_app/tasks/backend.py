@@ -7,6 +7,9 @@ With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox ins
 published only if the caller's transaction commits (and its READY result is written then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
+from datetime import timedelta
+
+from asgiref.sync import iscoroutinefunction
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -38,6 +41,12 @@ class StreamsBackend(BaseTaskBackend):
         self.config = options.merged(self.options)
 
     def validate_task(self, task):
+        if isinstance(task.run_after, timedelta):
+            # using(run_after=timedelta(minutes=5)): from now, as publish(..., run_after=) takes it. Django's
+            # own check would fail on it with an AttributeError; a Task is frozen, hence object.__setattr__.
+            if task.run_after < timedelta(0):
+                raise InvalidTask(f"run_after must not be a negative timedelta ({task.run_after!r}).")
+            object.__setattr__(task, "run_after", timezone.now() + task.run_after)
         super().validate_task(task)
         # A queue name becomes part of a stream name (":high" and ":low" name its bands) and of
         # runconsumer's STREAM:GROUP selector.
@@ -55,7 +64,7 @@ class StreamsBackend(BaseTaskBackend):
         record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
                                                       "args", "kwargs")},
                   "enqueued_at": result.enqueued_at, "run_after": task.run_after}
-        stream = messages.stream_for(task.queue_name, task.priority)
+        stream = messages.stream_for(task.queue_name, task.priority, iscoroutinefunction(task.func))
         ttl = self.config["RESULT_TTL"]
         if self.config["OUTBOX"]:
             using = self.config["DATABASE"]
@@ -74,11 +83,15 @@ class StreamsBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id):
-        record = results.get(get_connection(), result_id)
-        if record is None:
-            raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
-                                         f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
-        return to_task_result(record)
+        try:
+            record = results.get(get_connection(), result_id)
+            if record is not None:
+                return to_task_result(record)
+        except (ValueError, TypeError) as exc:  # a hash written by something else under the result's key
+            raise TaskResultDoesNotExist(f"Task result {result_id!r} is stored in a form this backend cannot read "
+                                         f"({type(exc).__name__}: {exc}).") from exc
+        raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
+                                     f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
 
 
 def to_task_result(record, task=None):

@@ -3,7 +3,9 @@
 A queue ``Q`` is three streams, one per priority band, read by the consumer group ``workers``:
 ``tasks:Q:high`` (priority 1 to 100), ``tasks:Q`` (0, the default) and ``tasks:Q:low`` (-100 to -1);
 a band is read only while the bands above it have nothing unread (streams_app/consuming/bands.py).
-``runconsumer tasks:Q:workers`` selects the queue's three. The payload is a JSON object::
+``runconsumer tasks:Q:workers`` selects the queue's three. ``async def`` tasks go to the same three
+bands under ``tasks:Q:async`` (``tasks:Q:async:high``...), read by an async consumer on the worker's
+event loop (``runconsumer tasks:Q:async:workers``). The payload is a JSON object::
 
     {"id": result id, "task": "module.function", "backend": alias, "queue": Q, "priority": n,
      "takes_context": bool, "args": [...], "kwargs": {...}}
@@ -29,9 +31,14 @@ def band(priority):
     return "high" if priority > 0 else "low" if priority < 0 else ""
 
 
-def stream_for(queue, priority=0):
+def async_stream_name(queue):
+    """The stream of the queue's ``async def`` tasks (priority 0), read by an async consumer."""
+    return f"{stream_name(queue)}:async"
+
+
+def stream_for(queue, priority=0, is_async=False):
     """The stream a task of ``priority`` on ``queue`` is published to."""
-    return band_stream(stream_name(queue), band(priority))
+    return band_stream(async_stream_name(queue) if is_async else stream_name(queue), band(priority))
 
 
 def selector(queue):

@@ -6,13 +6,14 @@ is a Django ``Task`` of a Shoal backend. Anything else raises RejectMessage: the
 dead-lettered at once with the reason, and nothing of it runs.
 
 One attempt: the result turns RUNNING (one more worker id: Django's ``attempts``), ``task_started``
-fires, the function runs (an ``async def`` through asgiref's ``async_to_sync``, as ``Task.call``
-does), then the result is SUCCESSFUL with the return value, or the error is recorded and
+fires, the function runs (sync tasks in a handler thread of the queue's consumer ``tasks:Q``,
+``async def`` tasks on the worker's event loop, in the consumer ``tasks:Q:async``), then the result is SUCCESSFUL with the return value, or the error is recorded and
 ``task_finished`` fires. A raise is FAILED unless OPTIONS["MAX_RETRIES"] allows another attempt
 (then READY, and the consumer retries after its back-off); a FAILED task's message is dead-lettered,
 so ``replay`` runs it again. A worker killed mid-task leaves the entry pending: another consumer
 takes it over after PENDING_TIMEOUT_MS and runs it again, a second attempt.
 """
+import asyncio
 import logging
 import traceback
 
@@ -28,44 +29,88 @@ from streams_app.tasks.api import TaskContext, normalize_json, task_backends, ta
 logger = logging.getLogger("streams_app.tasks")
 
 
-def run_message(alias, message):
-    """The consumer handler of the queues of the StreamsBackend ``alias``."""
-    data = messages.parse(message.payload)
-    backend = task_backends[data.get("backend") or alias]
-    if not isinstance(backend, StreamsBackend):
-        raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
-    task = find_task(data["task"])
-    config = backend.config
-    ttl = config["RESULT_TTL"]
-    conn = get_connection()
-    record = results.started(conn, data["id"], message.consumer, ttl)
-    if record is None:  # an outbox enqueue (READY written after the commit) or an expired result
-        results.create(conn, {**{name: data.get(name) for name in ("id", "task", "backend", "queue", "priority",
-                                                                     "takes_context", "args", "kwargs")},
-                              "enqueued_at": None, "run_after": None}, ttl)
-        record = results.started(conn, data["id"], message.consumer, ttl)
-    task = task.using(queue_name=data.get("queue") or task.queue_name, priority=data.get("priority") or 0)
-    result = to_task_result(record, task)
-    task_started.send(type(backend), task_result=result)
-    try:
-        value = _call(task, result, data["args"], data["kwargs"])
-        value = normalize_json(value)
-    except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
+class Attempt:
+    """One run of one task message: what both handlers (sync and async) do before and after the call."""
+
+    def __init__(self, alias, message):
+        self.message = message
+        self.data = data = messages.parse(message.payload)
+        self.backend = task_backends[data.get("backend") or alias]
+        if not isinstance(self.backend, StreamsBackend):
+            raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
+        task = find_task(data["task"])
+        self.task = task.using(queue_name=data.get("queue") or task.queue_name, priority=data.get("priority") or 0)
+        self.config = self.backend.config
+        self.conn = get_connection()
+
+    def start(self):
+        """RUNNING, one more attempt; fires task_started. Returns the call's (args, kwargs)."""
+        data, ttl = self.data, self.config["RESULT_TTL"]
+        self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        if self.record is None:  # an outbox enqueue (READY written after the commit) or an expired result
+            results.create(self.conn, {**{name: data.get(name) for name in (
+                "id", "task", "backend", "queue", "priority", "takes_context", "args", "kwargs")},
+                "enqueued_at": None, "run_after": None}, ttl)
+            self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        result = to_task_result(self.record, self.task)
+        task_started.send(type(self.backend), task_result=result)
+        args = [TaskContext(task_result=result), *data["args"]] if self.task.takes_context else data["args"]
+        return args, data["kwargs"]
+
+    def succeeded(self, value):
+        value = normalize_json(value)  # TypeError/ValueError for a return value that is not JSON: a failure
+        record = results.finished(self.conn, self.data["id"], "SUCCESSFUL", self.config["RESULT_TTL"],
+                                  return_value=value)
+        task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+
+    def failed(self, exc):
+        """Record the error; returns the exception for the consumer to raise: ``exc`` itself when the
+        task is to be retried (READY), else RejectMessage (FAILED, dead-lettered at once)."""
+        data, config = self.data, self.config
         error = {"exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
                  "traceback": "".join(traceback.format_exception(exc))}
-        again = len(record["errors"]) < config["MAX_RETRIES"] and message.deliveries < config["MAX_DELIVERIES"]
-        record = results.finished(conn, data["id"], "READY" if again else "FAILED", ttl, error=error)
+        again = len(self.record["errors"]) < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
+        record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
+                                  error=error)
         if again:
+            return exc
+        task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+        return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
+
+
+def run_message(alias, message):
+    """The handler of a queue's sync consumer (``tasks:Q``, in a handler thread)."""
+    attempt = Attempt(alias, message)
+    args, kwargs = attempt.start()
+    func = attempt.task.func
+    try:
+        # An async task here was enqueued before its function became async: run it all the same.
+        value = async_to_sync(func)(*args, **kwargs) if iscoroutinefunction(func) else func(*args, **kwargs)
+        attempt.succeeded(value)
+    except RejectMessage:
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
+        outcome = attempt.failed(exc)
+        if outcome is exc:
             raise
-        task_finished.send(type(backend), task_result=to_task_result(record, task))
-        raise RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}") from exc
-    record = results.finished(conn, data["id"], "SUCCESSFUL", ttl, return_value=value)
-    task_finished.send(type(backend), task_result=to_task_result(record, task))
+        raise outcome from exc
 
 
-def _call(task, result, args, kwargs):
-    if task.takes_context:
-        args = [TaskContext(task_result=result), *args]
-    if iscoroutinefunction(task.func):
-        return async_to_sync(task.func)(*args, **kwargs)
-    return task.func(*args, **kwargs)
+async def run_message_async(alias, message):
+    """The handler of a queue's async consumer (``tasks:Q:async``, on the worker's event loop): the
+    Redis writes and signals in a thread, the task awaited on the loop."""
+    attempt = await asyncio.to_thread(Attempt, alias, message)
+    args, kwargs = await asyncio.to_thread(attempt.start)
+    func = attempt.task.func
+    try:
+        value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)
+        await asyncio.to_thread(attempt.succeeded, value)
+    except asyncio.CancelledError:
+        raise  # the worker's shutdown (or the task's own cancel): the consumer decides, the entry stays pending
+    except RejectMessage:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        outcome = await asyncio.to_thread(attempt.failed, exc)
+        if outcome is exc:
+            raise
+        raise outcome from exc

@@ -1,6 +1,7 @@
-"""Declare one consumer per queue of each StreamsBackend in TASKS, at app ready (so ``runconsumer``
-with no arguments runs them beside the ``@consumer`` handlers, and selects one with
-``tasks:<queue>:workers``)."""
+"""Declare the consumers of each queue of each StreamsBackend in TASKS, at app ready, so ``runconsumer``
+with no arguments runs them beside the ``@consumer`` handlers: ``tasks:<queue>:workers`` (sync tasks,
+in handler threads) and ``tasks:<queue>:async:workers`` (``async def`` tasks, on the event loop),
+each in three priority bands."""
 import functools
 
 from django.conf import settings
@@ -31,7 +32,7 @@ def install():
     if not backends:
         return
     try:
-        from streams_app.tasks.runner import run_message
+        from streams_app.tasks.runner import run_message, run_message_async
     except ImportError as exc:
         raise ImproperlyConfigured(
             f"TASKS names {BACKEND_PATH}, but Django's Tasks API is missing ({exc}): Django 6 has django.tasks; "
@@ -41,3 +42,7 @@ def install():
         for queue in queues(params):
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(functools.partial(run_message, alias))
+            # async def tasks on the worker's event loop; the "db" guard needs a sync handler's transaction.
+            consumer(messages.async_stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
+                     bands=messages.BANDS, idempotent="redis" if config["IDEMPOTENT"] else None,
+                     )(functools.partial(run_message_async, alias))

@@ -1,6 +1,7 @@
 """Django Tasks that tests/streams_app/tasks enqueue (with tests.tasks_settings: a StreamsBackend)."""
 import asyncio
 import os
+import threading
 import time
 
 from streams_app.tasks.api import TaskContext  # noqa: F401  (documented: the context tasks receive)
@@ -29,7 +30,15 @@ def fail(reason):
 @task()
 async def async_add(a, b):
     await asyncio.sleep(0)
-    return a + b
+    return {"sum": a + b, "thread": threading.current_thread().name}
+
+
+@task()
+async def async_wait(seconds):
+    """Many of these at once share the worker's event loop: their waits overlap."""
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    return {"started": started, "ended": time.monotonic()}
 
 
 @task(takes_context=True)
@@ -53,6 +62,12 @@ def note(path, label):
     with open(path, "a") as out:
         out.write(f"{label} {time.time()}\n")
     return label
+
+
+@task()
+def sleepy(seconds):
+    time.sleep(seconds)
+    return seconds
 
 
 def not_a_task():

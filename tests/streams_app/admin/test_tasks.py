@@ -71,7 +71,7 @@ def test_the_list_shows_each_queue_by_status_and_filters(staff_client, jobs, red
     assert all(r.id in html for r in (done, bad, email))
     assert dict(page.context["counts"])["default"] == {"READY": 0, "RUNNING": 0, "SUCCESSFUL": 1, "FAILED": 1}
     assert dict(page.context["counts"])["emails"]["READY"] == 1
-    assert "tasks:emails:workers" in html  # the runconsumer selector of one queue
+    assert "tasks:emails:workers, tasks:emails:async:workers" in html  # the runconsumer selectors of one queue
     only_failed = client.get(TASKS, {"status": "FAILED"}).context["rows"]
     assert [r["id"] for r in only_failed] == [bad.id]
     assert [r["id"] for r in client.get(TASKS, {"queue": "emails"}).context["rows"]] == [email.id]
@@ -94,6 +94,8 @@ def test_a_results_page_shows_arguments_return_value_errors_attempts_and_times(s
     assert "FAILED" in html and "builtins.ValueError" in html and "Traceback (most recent call last)" in html
     assert "no such customer 42" in html and page.context["attempts"] == 1
     assert "Retry" not in html  # the view permission alone shows no retry button
+    waiting = jobs.async_add.using(priority=10).enqueue(1, 2)
+    assert "<code>tasks:default:async:high</code>" in client.get(f"{TASKS}{waiting.id}/").content.decode()
 
 
 def test_find_by_id_and_bad_ids(staff_client, jobs, redis):

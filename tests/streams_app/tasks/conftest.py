@@ -21,12 +21,12 @@ def jobs(tasks_backend):
 
 @pytest.fixture
 def run_workers(run_consumer):
-    """``runconsumer`` with tests.tasks_settings (``options``: the backend's OPTIONS)."""
+    """``runconsumer`` (or ``command``) with tests.tasks_settings (``options``: the backend's OPTIONS)."""
     import json
 
-    def start(*args, options=None, streams=None, env=None):
+    def start(*args, options=None, streams=None, env=None, command="runconsumer"):
         env = {"DJANGO_SETTINGS_MODULE": "tests.tasks_settings",
                "SHOAL_TEST_TASKS_OPTIONS": json.dumps(options or {}), **(env or {})}
-        return run_consumer(*args, streams=streams, env=env)
+        return run_consumer(*args, streams=streams, env=env, command=command)
 
     return start

@@ -11,8 +11,10 @@ from streams_app.message import Message
 from streams_app.tasks import results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
-from streams_app.tasks.runner import run_message
+from streams_app.tasks.runner import run_message, run_message_async
 from tests import tasks_settings
+
+pytestmark = pytest.mark.both_redis
 
 
 def delivered(redis, stream="tasks:default", deliveries=1, consumer="worker-1"):
@@ -162,3 +164,15 @@ def test_the_demos_task_runs_on_the_backend(jobs, redis):
     result = thank_customer.enqueue("c-1", 7)
     run_message("default", delivered(redis))
     assert thank_customer.get_result(result.id).return_value == {"customer": "c-1", "order_id": 7, "sent": True}
+
+
+def test_the_async_handler_awaits_async_tasks_and_records_a_failure_as_the_sync_one_does(jobs, redis, signals):
+    result = jobs.async_add.enqueue(1, 2)
+    async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
+    assert jobs.async_add.get_result(result.id).return_value["sum"] == 3
+    failing = jobs.fail.enqueue("boom")
+    redis.xadd("tasks:default:async", {"payload": redis.xrange("tasks:default")[-1][1]["payload"]})
+    with pytest.raises(RejectMessage, match="FAILED: ValueError: boom"):
+        async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
+    done = jobs.fail.get_result(failing.id)
+    assert done.status == "FAILED" and done.errors[0].exception_class_path == "builtins.ValueError"

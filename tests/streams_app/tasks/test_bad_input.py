@@ -76,3 +76,25 @@ def test_a_publish_that_fails_leaves_no_result_behind(jobs, redis):
 def test_an_aware_run_after_in_the_past_is_accepted(jobs, redis):
     result = jobs.add.using(run_after=timezone.now() - dt.timedelta(seconds=1)).enqueue(1, 2)
     assert jobs.add.get_result(result.id).status == "READY"
+
+
+def test_a_timedelta_run_after_counts_from_using_and_a_negative_one_is_refused(jobs, redis):
+    before = timezone.now()
+    deferred = jobs.add.using(run_after=dt.timedelta(minutes=5))
+    assert before + dt.timedelta(minutes=5) <= deferred.run_after <= timezone.now() + dt.timedelta(minutes=5)
+    result = deferred.enqueue(1, 2)
+    assert redis.zcard("{tasks:default}:scheduled") == 1
+    assert jobs.add.get_result(result.id).status == "READY"
+    with pytest.raises(InvalidTask, match="negative"):
+        jobs.add.using(run_after=dt.timedelta(seconds=-1))
+
+
+@pytest.mark.parametrize("field, value", [("status", "DONE"), ("args", "not json"), ("enqueued_at", "yesterday"),
+                                          ("priority", "high")])
+def test_a_stored_result_that_is_malformed_raises_task_result_does_not_exist_saying_so(jobs, redis, field, value):
+    from streams_app.tasks import results
+
+    result = jobs.add.enqueue(1, 2)
+    redis.hset(results.key(result.id), field, value)
+    with pytest.raises(TaskResultDoesNotExist, match="cannot read"):
+        jobs.add.get_result(result.id)

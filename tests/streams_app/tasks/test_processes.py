@@ -1,6 +1,7 @@
 """Django Tasks run by real ``manage.py runconsumer`` processes (tests.tasks_settings)."""
 import datetime as dt
 import json
+import signal
 import sys
 
 import pytest
@@ -8,7 +9,7 @@ from django.utils import timezone
 
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_redis]
 
 FAST = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
 
@@ -108,12 +109,19 @@ def test_with_one_thread_higher_priority_tasks_run_before_lower_ones_already_wai
     assert ran == expected["high"] + expected["normal"] + expected["low"]
 
 
-def test_an_async_task_is_awaited_and_its_result_stored(jobs, run_workers):
+def test_async_tasks_are_awaited_on_the_workers_event_loop_side_by_side(jobs, run_workers, redis):
     result = jobs.async_add.enqueue(40, 2)
-    run_workers("tasks:default:workers")
+    assert redis.xlen("tasks:default:async") == 1 and not redis.exists("tasks:default")
+    waits = [jobs.async_wait.enqueue(1.0) for _ in range(20)]
+    run_workers("tasks:default:async:workers", "--threads", "1", "--concurrency", "20")
     done = wait_for(finished(jobs.async_add, result.id), timeout=60, what="the async task finished")
     assert done.status == "SUCCESSFUL", done.errors
-    assert done.return_value == 42
+    assert done.return_value == {"sum": 42, "thread": "shoal-asyncio"}
+    wait_for(lambda: all(jobs.async_wait.get_result(r.id).is_finished for r in waits), timeout=60,
+             what="the waits finished")
+    spans = sorted((s["started"], s["ended"]) for s in (jobs.async_wait.get_result(r.id).return_value for r in waits))
+    # With one handler thread, waits run one after another there; on the event loop they overlap.
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
 
 
 def test_a_task_that_takes_context_gets_its_attempt_and_result(jobs, run_workers):
@@ -149,3 +157,24 @@ def test_deferred_tasks_survive_a_sigkill_of_the_worker_moving_them_each_moved_o
     assert [jobs.add.get_result(r.id).return_value for r in results] == list(range(200))
     assert redis.xlen("tasks:default") == 200  # each moved onto the stream exactly once
     assert redis.zcard("{tasks:default}:scheduled") == 0
+
+
+def test_sigterm_lets_a_running_task_finish_and_the_worker_exit_0(jobs, run_workers):
+    result = jobs.sleepy.enqueue(1.5)
+    proc = run_workers("tasks:default:workers")
+    wait_for(lambda: jobs.sleepy.get_result(result.id).status == "RUNNING", timeout=60, what="the task running")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    done = jobs.sleepy.get_result(result.id)
+    assert (done.status, done.return_value, done.attempts) == ("SUCCESSFUL", 1.5, 1)
+
+
+def test_replaying_a_failed_tasks_dead_letter_runs_it_again_as_a_second_attempt(jobs, run_workers, redis):
+    result = jobs.fail.enqueue("boom")
+    run_workers("tasks:default:workers")
+    wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the dead letter")
+    replay = run_workers("tasks:default", "--group", "workers", "--all", command="replay")
+    assert replay.wait(60) == 0, replay.output()
+    done = wait_for(lambda: len(jobs.fail.get_result(result.id).errors) == 2 and jobs.fail.get_result(result.id),
+                    timeout=60, what="the second attempt failed too")
+    assert done.status == "FAILED" and done.attempts == 2
