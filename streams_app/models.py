@@ -181,6 +181,7 @@ class TaskResult(models.Model):
 
     class Meta:
         managed = False
+        verbose_name_plural = "tasks"  # the page lists results by queue: "Tasks" in the admin's index
         default_permissions = ("view",)
         permissions = [("retry_taskresult", "Can retry a failed task (enqueued again as a new result)")]
 

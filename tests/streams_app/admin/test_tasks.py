@@ -54,6 +54,7 @@ def test_anonymous_users_go_to_the_login_page_and_staff_need_the_view_permission
     client.force_login(user)
     assert "/login/" in client.get(TASKS)["Location"]
     plain = staff_client()  # staff with the streams' view permissions, not the tasks'
+    assert f'href="{TASKS}"' not in plain.get("/admin/").content.decode()
     assert plain.get(TASKS).status_code == 403
     assert plain.get(f"{TASKS}{result.id}/").status_code == 403
 
@@ -65,6 +66,7 @@ def test_the_list_shows_each_queue_by_status_and_filters(staff_client, jobs, red
     bad = failed(jobs, redis)
     email = jobs.send_email.enqueue("a@example.com")
     client = staff_client(VIEW)
+    assert f'<a href="{TASKS}">Tasks</a>' in client.get("/admin/").content.decode()
     page = client.get(TASKS)
     assert page.status_code == 200
     html = page.content.decode()
@@ -107,7 +109,11 @@ def test_find_by_id_and_bad_ids(staff_client, jobs, redis):
     assert bad.status_code == 200 and any("is not a task result id" in str(m) for m in bad.context["messages"])
     assert client.get(f"{TASKS}{'x' * 65}/").status_code == 404
     assert client.get(f"{TASKS}{'a' * 32}/").status_code == 404  # well formed, never enqueued (or expired)
-    assert client.post(f"{TASKS}bad-id!/retry/", {"post": "yes"}).status_code in (403, 404)
+    allowed = staff_client(VIEW, RETRY)
+    for bad_id in ("bad-id!", "%3Cscript%3E", "%C3%A9", "1%3BDROP", "x" * 65):
+        assert allowed.get(f"{TASKS}{bad_id}/").status_code == 404
+        assert allowed.post(f"{TASKS}{bad_id}/retry/", {"action": "retry", "post": "yes"}).status_code == 404
+    assert redis.xlen("tasks:default") == 1  # nothing enqueued by any of them
 
 
 def test_retry_needs_its_permission_confirms_and_enqueues_a_new_result_with_an_audit_entry(staff_client, jobs, redis):
