@@ -138,6 +138,9 @@ def test_retry_needs_its_permission_confirms_and_enqueues_a_new_result_with_an_a
     assert (again.status, again.args, again.attempts) == ("READY", ["flaky"], 0)
     assert jobs.fail.get_result(bad.id).status == "FAILED"  # the failed result stays the record of what happened
     assert json.loads(redis.xrange("tasks:default")[-1][1]["payload"])["id"] == new_id
+    run_last(redis)  # a worker runs the new result: its own first attempt (fail always raises)
+    assert (jobs.fail.get_result(new_id).status, jobs.fail.get_result(new_id).attempts) == ("FAILED", 1)
+    assert jobs.fail.get_result(bad.id).attempts == 1
     [entry] = LogEntry.objects.filter(action_flag=ADDITION, object_id=bad.id)
     assert new_id in entry.change_message and entry.user.username == "staff1"
 
