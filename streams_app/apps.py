@@ -22,6 +22,9 @@ class StreamsConfig(AppConfig):
         from streams_app.tasks.setup import install
 
         install()
+        from streams_app.tasks import counting  # the shoal_tasks_* counters of /metrics
+
+        counting.connect()
 
 
 def import_consumers_modules():

@@ -175,6 +175,20 @@ class ReplayJob(models.Model):
         return f"replay of {self.stream}:{self.group} dead letters ({self.state})"
 
 
+class TaskResult(models.Model):
+    """No table: the control room's Tasks page (streams_app/admin/tasks.py) reads task results from Redis
+    (streams_app.tasks.results). The model gives that page its place in the admin and its permissions."""
+
+    class Meta:
+        managed = False
+        verbose_name_plural = "tasks"  # the page lists results by queue: "Tasks" in the admin's index
+        default_permissions = ("view",)
+        permissions = [("retry_taskresult", "Can retry a failed task (enqueued again as a new result)")]
+
+    def __str__(self):
+        return f"task result {self.pk}"
+
+
 class MirrorState(models.Model):
     """When a mirror was last synced, and the error if the last attempt failed: pages show both."""
 

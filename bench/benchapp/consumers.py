@@ -129,3 +129,12 @@ def note_first(message):
     """bench/footprint.py: when each message was handled (the first one times start-up)."""
     if message.payload.get("first"):
         get_connection().rpush("bench:first", f"{time.time():.6f}")
+
+
+# bench/tasks.py: the plain @consumer side of Shoal's task backend against its own consumer.
+consumer("tasks_noop", group="bench")(does_nothing)
+
+
+@consumer("tasks_sleep", group="bench")
+def sleep_1ms(message):
+    time.sleep(0.001)

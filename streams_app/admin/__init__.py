@@ -1,3 +1,4 @@
 from streams_app.admin import model_admins  # noqa: F401  (registers the ModelAdmins: Django autodiscovers streams_app.admin)
 from streams_app.outbox import admin as outbox_admin  # noqa: F401,E402  (the outbox's ModelAdmin)
 from streams_app.admin import replay_jobs  # noqa: F401,E402  (the ReplayJob ModelAdmin)
+from streams_app.admin import tasks  # noqa: F401,E402  (the Tasks page: Django Tasks' results)

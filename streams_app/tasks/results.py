@@ -9,6 +9,8 @@ The public functions (stable: the admin and the metrics read results through the
 - ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
   READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
 - ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
+- ``many(conn, result_ids)``: the records of ``result_ids`` in one round trip, in order (None for each
+  unknown, expired or malformed id).
 - ``ids(conn, queue, limit=100)``: the newest result ids enqueued to ``queue`` (the per-queue index,
   a sorted set ``shoal:tasks:{queue}:results`` by enqueue time, pruned of ids older than the TTL).
 
@@ -111,6 +113,16 @@ def get(conn, result_id):
     if not valid_id(result_id):
         return None
     return _decode(result_id, conn.hgetall(key(result_id)))
+
+
+def many(conn, result_ids):
+    """The records of ``result_ids`` (None for each unknown, expired or malformed one), one pipeline."""
+    wanted = [result_id for result_id in result_ids if valid_id(result_id)]
+    pipe = conn.pipeline(transaction=False)
+    for result_id in wanted:
+        pipe.hgetall(key(result_id))
+    found = dict(zip(wanted, pipe.execute())) if wanted else {}
+    return [_decode(result_id, found[result_id]) if result_id in found else None for result_id in result_ids]
 
 
 def ids(conn, queue, limit=100):

@@ -1,0 +1,196 @@
+"""The control room's Tasks page: who sees it, the list by queue and status, a result's page, find by
+id, retrying a FAILED task (permission, confirmation, POST+CSRF, LogEntry) and Redis down."""
+import importlib
+import json
+
+import pytest
+from django.contrib.admin.models import ADDITION, LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from streams_app.exceptions import RejectMessage
+from streams_app.message import Message
+from streams_app.tasks import results
+from streams_app.tasks.runner import run_message
+from tests import tasks_settings
+from tests.streams_app.admin.fixtures import staff_client  # noqa: F401
+
+pytestmark = [pytest.mark.django_db]
+
+TASKS = "/admin/streams_app/taskresult/"
+VIEW = "streams_app.view_taskresult"
+RETRY = "streams_app.retry_taskresult"
+
+
+@pytest.fixture
+def jobs(settings):
+    settings.TASKS = tasks_settings.TASKS
+    return importlib.import_module("tests.testapp.tasks")
+
+
+def run_last(redis, stream="tasks:default"):
+    """One run of the newest message of ``stream``, as a worker's handler runs it."""
+    entry_id, fields = redis.xrange(stream)[-1]
+    try:
+        run_message("default", Message(entry_id, stream, "workers", fields, deliveries=1, consumer="worker-7"))
+    except RejectMessage:
+        pass  # a FAILED task: the consumer dead-letters its message
+
+
+def failed(jobs, redis, reason="no such customer"):
+    result = jobs.fail.enqueue(reason)
+    run_last(redis)
+    assert jobs.fail.get_result(result.id).status == "FAILED"
+    return result
+
+
+def test_anonymous_users_go_to_the_login_page_and_staff_need_the_view_permission(client, staff_client, jobs, redis):
+    result = jobs.add.enqueue(1, 2)
+    for url in (TASKS, f"{TASKS}{result.id}/"):
+        response = client.get(url)
+        assert response.status_code == 302 and "/login/" in response["Location"]
+    user = User.objects.create_user("nostaff", password="x", is_staff=False)
+    user.user_permissions.add(Permission.objects.get(codename="view_taskresult"))
+    client.force_login(user)
+    assert "/login/" in client.get(TASKS)["Location"]
+    plain = staff_client()  # staff with the streams' view permissions, not the tasks'
+    assert f'href="{TASKS}"' not in plain.get("/admin/").content.decode()
+    assert plain.get(TASKS).status_code == 403
+    assert plain.get(f"{TASKS}{result.id}/").status_code == 403
+
+
+@pytest.mark.both_redis  # results.many reads a page of results from every slot in one pipeline
+def test_the_list_shows_each_queue_by_status_and_filters(staff_client, jobs, redis):
+    done = jobs.add.enqueue(1, 2)
+    run_last(redis)
+    bad = failed(jobs, redis)
+    email = jobs.send_email.enqueue("a@example.com")
+    client = staff_client(VIEW)
+    assert f'<a href="{TASKS}">Tasks</a>' in client.get("/admin/").content.decode()
+    page = client.get(TASKS)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert all(r.id in html for r in (done, bad, email))
+    assert dict(page.context["counts"])["default"] == {"READY": 0, "RUNNING": 0, "SUCCESSFUL": 1, "FAILED": 1}
+    assert dict(page.context["counts"])["emails"]["READY"] == 1
+    assert "tasks:emails:workers, tasks:emails:async:workers" in html  # the runconsumer selectors of one queue
+    only_failed = client.get(TASKS, {"status": "FAILED"}).context["rows"]
+    assert [r["id"] for r in only_failed] == [bad.id]
+    assert [r["id"] for r in client.get(TASKS, {"queue": "emails"}).context["rows"]] == [email.id]
+    odd = client.get(TASKS, {"queue": "nope", "status": "LOST"})
+    assert odd.status_code == 200 and len(odd.context["rows"]) == 3
+    assert any("No queue 'nope'" in str(m) for m in odd.context["messages"])
+    assert "Retry" not in html  # nothing to retry from the list, and no permission anyway
+
+
+def test_a_results_page_shows_arguments_return_value_errors_attempts_and_times(staff_client, jobs, redis):
+    done = jobs.send_email.enqueue("a@example.com", subject="hi")
+    run_last(redis, "tasks:emails")
+    bad = failed(jobs, redis, "no such customer 42")
+    client = staff_client(VIEW)
+    html = client.get(f"{TASKS}{done.id}/").content.decode()
+    assert "SUCCESSFUL" in html and "tests.testapp.tasks.send_email" in html and "&quot;subject&quot;: &quot;hi&quot;" in html
+    assert "worker-7" in html and "finished at" in html
+    page = client.get(f"{TASKS}{bad.id}/")
+    html = page.content.decode()
+    assert "FAILED" in html and "builtins.ValueError" in html and "Traceback (most recent call last)" in html
+    assert "no such customer 42" in html and page.context["attempts"] == 1
+    assert "Retry" not in html  # the view permission alone shows no retry button
+    waiting = jobs.async_add.using(priority=10).enqueue(1, 2)
+    assert "<code>tasks:default:async:high</code>" in client.get(f"{TASKS}{waiting.id}/").content.decode()
+
+
+def test_find_by_id_and_bad_ids(staff_client, jobs, redis):
+    result = jobs.add.enqueue(1, 2)
+    client = staff_client(VIEW)
+    found = client.get(TASKS, {"id": result.id})
+    assert found.status_code == 302 and found["Location"] == f"{TASKS}{result.id}/"
+    bad = client.get(TASKS, {"id": "not an id!"}, follow=True)
+    assert bad.status_code == 200 and any("is not a task result id" in str(m) for m in bad.context["messages"])
+    assert client.get(f"{TASKS}{'x' * 65}/").status_code == 404
+    assert client.get(f"{TASKS}{'a' * 32}/").status_code == 404  # well formed, never enqueued (or expired)
+    allowed = staff_client(VIEW, RETRY)
+    for bad_id in ("bad-id!", "%3Cscript%3E", "%C3%A9", "1%3BDROP", "x" * 65):
+        assert allowed.get(f"{TASKS}{bad_id}/").status_code == 404
+        assert allowed.post(f"{TASKS}{bad_id}/retry/", {"action": "retry", "post": "yes"}).status_code == 404
+    assert redis.xlen("tasks:default") == 1  # nothing enqueued by any of them
+
+
+def test_retry_needs_its_permission_confirms_and_enqueues_a_new_result_with_an_audit_entry(staff_client, jobs, redis):
+    bad = failed(jobs, redis, "flaky")
+    retry_url = f"{TASKS}{bad.id}/retry/"
+    viewer = staff_client(VIEW)
+    assert viewer.post(retry_url, {"action": "retry", "post": "yes"}).status_code == 403
+    assert redis.xlen("tasks:default") == 1
+
+    client = staff_client(VIEW, RETRY)
+    assert "Retry (enqueue again" in client.get(f"{TASKS}{bad.id}/").content.decode()
+    assert client.get(retry_url).status_code == 302  # a GET changes nothing
+    confirm = client.post(retry_url, {"action": "retry"})
+    assert confirm.status_code == 200 and "Are you sure?" in confirm.content.decode()
+    assert "new result" in confirm.content.decode() and redis.xlen("tasks:default") == 1
+
+    done = client.post(retry_url, {"action": "retry", "post": "yes"})
+    assert done.status_code == 302
+    new_id = done["Location"].rstrip("/").rsplit("/", 1)[-1]
+    assert new_id != bad.id and redis.xlen("tasks:default") == 2
+    again = jobs.fail.get_result(new_id)
+    assert (again.status, again.args, again.attempts) == ("READY", ["flaky"], 0)
+    assert jobs.fail.get_result(bad.id).status == "FAILED"  # the failed result stays the record of what happened
+    assert json.loads(redis.xrange("tasks:default")[-1][1]["payload"])["id"] == new_id
+    run_last(redis)  # a worker runs the new result: its own first attempt (fail always raises)
+    assert (jobs.fail.get_result(new_id).status, jobs.fail.get_result(new_id).attempts) == ("FAILED", 1)
+    assert jobs.fail.get_result(bad.id).attempts == 1
+    [entry] = LogEntry.objects.filter(action_flag=ADDITION, object_id=bad.id)
+    assert new_id in entry.change_message and entry.user.username == "staff1"
+
+
+def test_retry_refuses_a_task_that_did_not_fail_and_needs_csrf(staff_client, jobs, redis):
+    ready = jobs.add.enqueue(1, 2)
+    client = staff_client(VIEW, RETRY)
+    refused = client.post(f"{TASKS}{ready.id}/retry/", {"action": "retry", "post": "yes"}, follow=True)
+    assert any("not FAILED" in str(m) for m in refused.context["messages"]) and redis.xlen("tasks:default") == 1
+    bad = failed(jobs, redis)
+    checked = Client(enforce_csrf_checks=True)
+    checked.force_login(User.objects.get(username="staff0"))
+    assert checked.post(f"{TASKS}{bad.id}/retry/", {"action": "retry", "post": "yes"}).status_code == 403
+    assert redis.xlen("tasks:default") == 2  # the add and the fail: nothing more
+
+
+def test_with_redis_down_the_pages_say_so_instead_of_a_500(staff_client, jobs, redis_factory, use_redis):
+    server = redis_factory()
+    use_redis(server)
+    bad = failed(jobs, server.client())
+    client = staff_client(VIEW, RETRY)
+    server.stop()
+    page = client.get(TASKS)
+    assert page.status_code == 200 and "Redis is unreachable" in page.content.decode()
+    detail = client.get(f"{TASKS}{bad.id}/")
+    assert detail.status_code == 200 and "Redis is unreachable" in detail.content.decode()
+    retry = client.post(f"{TASKS}{bad.id}/retry/", {"action": "retry", "post": "yes"}, follow=True)
+    assert retry.status_code == 200 and "Redis is unreachable" in retry.content.decode()
+    assert results.valid_id(bad.id)
+
+
+def test_with_redis_hung_the_pages_answer_within_the_admins_timeout(staff_client, jobs, redis_factory, use_redis):
+    import signal
+    import time
+
+    server = redis_factory()
+    use_redis(server)
+    bad = failed(jobs, server.client())
+    client = staff_client(VIEW, RETRY)
+    client.get(TASKS)  # connections are open when Redis freezes, as in production
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        for method, url, data in (("get", TASKS, None), ("get", f"{TASKS}{bad.id}/", None),
+                                  ("post", f"{TASKS}{bad.id}/retry/", {"action": "retry", "post": "yes"})):
+            started = time.monotonic()
+            response = getattr(client, method)(url, data, follow=True)
+            took = time.monotonic() - started
+            # Loose: ADMIN_REDIS_TIMEOUT is 2 s; the shared pool's 30 s socket timeout is what is ruled out.
+            assert took < 10, f"{method} {url} took {took:.1f} s"
+            assert response.status_code == 200 and "Redis is unreachable" in response.content.decode(), url
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert server.client().xlen("tasks:default") == 1  # the retry enqueued nothing
