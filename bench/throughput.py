@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from common import ROOT, setup_django, start_redis, time_consumption
 
@@ -88,7 +89,7 @@ def run_consumer(client, url, total, *options, group="bench", profile=None):
     env = {"DJANGO_SETTINGS_MODULE": "bench.settings", "BENCH_TOTAL": str(total)}
     command = [sys.executable, str(ROOT / "manage.py"), "runconsumer", f"noop:{group}", "-v", "0", *options]
     if profile:
-        command = [PY_SPY, "record", "--idle", "--threads", "--nonblocking", "-r", "250", "-f", "raw", "-o",
+        command = [PY_SPY, "record", "--threads", "--nonblocking", "-r", "250", "-f", "raw", "-o",
                    profile, "--", *command]
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "REDIS_URL": url, **env})
     try:
@@ -98,8 +99,16 @@ def run_consumer(client, url, total, *options, group="bench", profile=None):
             return time_consumption(client, "noop", group, total), None
         return time_consumption(client, "noop", group, total, pid=proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        # py-spy does not pass SIGTERM on: stop the consumer it started, and py-spy writes its file and exits.
+        for pid in children(proc.pid) if profile else [proc.pid]:
+            os.kill(pid, signal.SIGTERM)
         proc.wait(60)
+
+
+def children(pid):
+    """Process ids that our own child ``pid`` started (Linux)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split()]
 
 
 def fresh_group(client, stream, group):
