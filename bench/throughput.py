@@ -14,6 +14,7 @@ ratio and the median: on a shared machine one pair says little.
 import argparse
 import datetime
 import decimal
+import gc
 import json
 import multiprocessing
 import os
@@ -33,6 +34,8 @@ PY_SPY = os.environ.get("PY_SPY", str(ROOT / ".venv2" / "bin" / "py-spy"))
 def plain_loop(url, stream, group, total):
     import redis
 
+    if os.environ.get("BENCH_GC_THRESHOLD"):  # as bench/settings.py does for runconsumer
+        gc.set_threshold(int(os.environ["BENCH_GC_THRESHOLD"]))
     client = redis.Redis.from_url(url)
     client.xgroup_create(stream, group, id="0")  # the caller destroyed any earlier one
     done = 0
@@ -89,7 +92,7 @@ def run_consumer(client, url, total, *options, group="bench", profile=None):
     env = {"DJANGO_SETTINGS_MODULE": "bench.settings", "BENCH_TOTAL": str(total)}
     command = [sys.executable, str(ROOT / "manage.py"), "runconsumer", f"noop:{group}", "-v", "0", *options]
     if profile:
-        command = [PY_SPY, "record", "--threads", "--nonblocking", "-r", "250", "-f", "raw", "-o",
+        command = [PY_SPY, "record", "--threads", "--gil", "--nonblocking", "-r", "250", "-f", "raw", "-o",
                    profile, "--", *command]
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "REDIS_URL": url, **env})
     try:
@@ -199,7 +202,11 @@ def main():
                         help="run a CPU hog (one process spinning) beside both sides, started and stopped here")
     parser.add_argument("--profile", metavar="PREFIX",
                         help=f"run (b) under py-spy ({PY_SPY}), raw samples of every thread to PREFIX.<run>.txt")
+    parser.add_argument("--gc-threshold", type=int, metavar="N",
+                        help="an experiment: gc.set_threshold(N) in both sides (default 700), to see what the collector costs")
     args = parser.parse_args()
+    if args.gc_threshold:
+        os.environ["BENCH_GC_THRESHOLD"] = str(args.gc_threshold)  # the plain loop and runconsumer read it
     if args.codec:
         os.environ["SHOAL_TEST_STREAMS"] = json.dumps({"CODEC": args.codec})  # tests.settings reads it, here and in runconsumer
     server = start_redis()
@@ -215,6 +222,8 @@ def main():
             hog = multiprocessing.Process(target=spin, daemon=True)
             hog.start()
             print(f"--busy: a CPU hog (pid {hog.pid}, one process spinning) runs beside both sides")
+        if args.gc_threshold:
+            print(f"--gc-threshold: gc.set_threshold({args.gc_threshold}) in both sides")
         print(f"load at start: {loadavg()}")
         pairs = []
         try:
