@@ -1,15 +1,19 @@
 """Throughput of runconsumer against a plain redis-py loop, in one run on one private Redis.
 
-    .venv/bin/python bench/throughput.py [--messages 200000] [--repeat 3] [--workers 2] [--codec orjson] [--typed]
+    .venv/bin/python bench/throughput.py [--messages 200000] [--repeat 3] [--busy] [--workers 2]
+        [--codec orjson] [--typed] [--profile PREFIX] [--gc-threshold N]
 
 (a) plain: XREADGROUP COUNT 500, json.loads per entry, one XACK per batch (the floor any Python
-consumer pays); (b) runconsumer with a no-op handler and default settings, one process; (c) with
---workers N > 1, the supervisor (runconsumer --workers N) on the same entries, read again by a
-fresh group. All are timed from outside the same way: first entry read by the group to last entry acked.
+consumer pays); (b) runconsumer noop:steady (bench/benchapp) with a no-op handler and default settings,
+one process; (c) with --workers N > 1, the supervisor (runconsumer --workers N) on the same entries,
+read again by a fresh group. (a) and (b) report their own steady state: msgs/s and CPU per message
+from the first handled entry to the last (start-up left out); the outside timing (first entry read by
+the group to last acked, polled) is printed beside it, with the load average and INFO commandstats per
+1,000 messages. --repeat N alternates (a) and (b) N times and prints medians: on a shared machine one
+pair says little. --busy runs one spinning process beside both sides. --profile runs (b) under py-spy
+(bench/spy_summary.py reads the result); --gc-threshold is an experiment on the garbage collector.
 --codec sets STREAMS["CODEC"] for the publisher and the consumers; --typed adds a datetime, a Decimal
-and a UUID to each payload (the plain loop still only parses the JSON). --repeat N alternates (a) and
-(b) N times (plain, runconsumer, plain, runconsumer, ...), each on a fresh group, and prints each pair's
-ratio and the median: on a shared machine one pair says little.
+and a UUID to each payload (the plain loop still only parses the JSON).
 """
 import argparse
 import datetime
@@ -237,7 +241,8 @@ def main():
                 pool_rate = args.messages / pool
                 label = f"(c) runconsumer --workers {args.workers}:"
                 print(f"{label:<32}{pool_rate:>10,.0f} msgs/s (outside, {pool:.2f} s)")
-                print(f"ratio c/b ({args.workers} workers / 1): {pool_rate / pairs[-1][1][0]:.2f}")
+                print(f"ratio c/b ({args.workers} workers / 1; (c) outside, with start-up, over (b) steady): "
+                      f"{pool_rate / pairs[-1][1][0]:.2f}")
         finally:
             if hog:
                 hog.terminate()
