@@ -50,6 +50,8 @@ def plain_loop(url, stream, group, total):
             continue
         entries = reply[0][1]
         if first is None:
+            if os.environ.get("BENCH_GC_FREEZE"):  # as bench/benchapp's handler does at its first entry
+                gc.freeze()
             first = (time.monotonic(), time.process_time())  # as the consumer's handler: at its first entry
         for _, fields in entries:
             json.loads(fields[b"payload"])
@@ -208,7 +210,11 @@ def main():
                         help=f"run (b) under py-spy ({PY_SPY}), raw samples of every thread to PREFIX.<run>.txt")
     parser.add_argument("--gc-threshold", type=int, metavar="N",
                         help="an experiment: gc.set_threshold(N) in both sides (default 700), to see what the collector costs")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="an experiment: gc.freeze() in both sides at their first entry (start-up's objects out of the collector's way)")
     args = parser.parse_args()
+    if args.gc_freeze:
+        os.environ["BENCH_GC_FREEZE"] = "1"
     if args.gc_threshold:
         os.environ["BENCH_GC_THRESHOLD"] = str(args.gc_threshold)  # the plain loop and runconsumer read it
     if args.codec:
@@ -226,6 +232,8 @@ def main():
             hog = multiprocessing.Process(target=spin, daemon=True)
             hog.start()
             print(f"--busy: a CPU hog (pid {hog.pid}, one process spinning) runs beside both sides")
+        if args.gc_freeze:
+            print("--gc-freeze: gc.freeze() in both sides at their first entry")
         if args.gc_threshold:
             print(f"--gc-threshold: gc.set_threshold({args.gc_threshold}) in both sides")
         print(f"load at start: {loadavg()}")

@@ -1,6 +1,7 @@
 """A handler that records publish-to-start latency. The payload carries ``t``, the publisher's time.time()."""
 import asyncio
 import functools
+import gc
 import itertools
 import json
 import os
@@ -148,6 +149,8 @@ def steady(message):
     global _steady_first
     n = next(_steady_count)
     if n == 1:
+        if os.environ.get("BENCH_GC_FREEZE"):  # throughput.py --gc-freeze: what gc.freeze() after start-up saves
+            gc.freeze()
         _steady_first = (time.monotonic(), time.process_time())
     elif n == _steady_total():
         end = (time.monotonic(), time.process_time())
