@@ -1,5 +1,10 @@
 """A handler that records publish-to-start latency. The payload carries ``t``, the publisher's time.time()."""
 import asyncio
+import functools
+import gc
+import itertools
+import json
+import os
 import threading
 import time
 
@@ -138,3 +143,29 @@ consumer("tasks_noop", group="bench")(does_nothing)
 @consumer("tasks_sleep", group="bench")
 def sleep_1ms(message):
     time.sleep(0.001)
+
+
+# bench/throughput.py: a no-op handler that times itself from inside, so start-up (imports, Django,
+# group creation) stays out of the steady rate and the CPU per message. BENCH_TOTAL says how many
+# messages the run has; next() on itertools.count is atomic under the GIL, so threads need no lock.
+
+_steady_count = itertools.count(1)
+_steady_first = None
+
+
+@consumer("noop", group="steady")
+def steady(message):
+    global _steady_first
+    n = next(_steady_count)
+    if n == 1:
+        if os.environ.get("BENCH_GC_FREEZE"):  # throughput.py --gc-freeze: what gc.freeze() after start-up saves
+            gc.freeze()
+        _steady_first = (time.monotonic(), time.process_time())
+    elif n == _steady_total():
+        end = (time.monotonic(), time.process_time())
+        get_connection().rpush("bench:steady", json.dumps({"first": _steady_first, "last": end, "handled": n}))
+
+
+@functools.cache
+def _steady_total():
+    return int(os.environ.get("BENCH_TOTAL", "0"))
