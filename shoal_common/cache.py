@@ -17,8 +17,10 @@ def redis_cache(url, **options):
             # One server or a Redis Cluster (detected, or forced by redis+cluster://): shoal_common.redisconn.
             "CONNECTION_FACTORY": "shoal_common.redisconn.ConnectionFactory",
             "SOCKET_CONNECT_TIMEOUT": 5,
-            # Must outlast the longest blocking read (STREAMS["BLOCK_MS"]); system check streams_app.W001 says so.
-            "SOCKET_TIMEOUT": 30,
+            # Every reply but a blocking read's (a consumer's reader gets BLOCK_MS + 5 s of its own): after a
+            # network fault heals, a process works again within this plus RECONNECT_BACKOFF_MAX
+            # (docs/consuming.md "Network faults"). Redis itself calls a script busy after 5 s.
+            "SOCKET_TIMEOUT": 5,
             "CONNECTION_POOL_KWARGS": {"health_check_interval": 30},
             **options,
         },

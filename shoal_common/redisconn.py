@@ -184,6 +184,11 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
     _clusters = {}
     _lock = threading.Lock()
 
+    def __init__(self, options):
+        # Pooled connections that met a network fault are not handed out again (shoal_common.netfaults).
+        options = {"CONNECTION_POOL_CLASS": "shoal_common.netfaults.FaultAwarePool", **options}
+        super().__init__(options)
+
     def connect(self, url):
         key = (url, os.getpid())
         mode = self._modes.get(key)

@@ -27,7 +27,7 @@ from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection, node_client, recover
+from streams_app.connection import TRANSIENT_ERRORS, get_connection, node_client, reader_connection, recover
 from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
@@ -198,7 +198,7 @@ class Worker:
         failures = 0
         while True:
             try:
-                return dedicated_connection(reader_name) if reader_name else get_connection()
+                return reader_connection(reader_name, self.config["BLOCK_MS"]) if reader_name else get_connection()
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 if failures == 1:
