@@ -145,6 +145,10 @@ class GroupLoop(TakeOver):
     def step(self):
         """One pass that survives Redis trouble: back off on connection errors, remake a lost group."""
         try:
+            if self.failures:
+                # Back from an outage (if this pass gets through): judge nobody dead for one
+                # CONSUMER_TTL from now, this pass's takeovers included (takeover._claim_from_dead).
+                self.judge_dead_after = self.clock() + self.consumer_ttl
             self.tick()
             self._redis_ok()
         except TRANSIENT_ERRORS as exc:
@@ -524,7 +528,6 @@ class GroupLoop(TakeOver):
 
     def _redis_ok(self):
         if self.failures:
-            self.judge_dead_after = self.clock() + self.consumer_ttl
             if self.outage.came_back(self):
                 logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer,
                                self.failures)
