@@ -130,6 +130,14 @@ def _make_cluster(**kwargs):
         raise redis.ConnectionError(str(exc)) from exc
 
 
+def seed_node(seed):
+    """ClusterNode of a "host:port" seed (shoal_common.cache.split_seeds); ValueError when it is not one."""
+    host, sep, port = seed.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{seed!r} is not HOST:PORT")
+    return ClusterNode(host.strip("[]"), int(port))
+
+
 def cluster_url(url):
     """(is forced cluster, URL with a scheme redis-py understands)."""
     parts = urlsplit(url)
@@ -191,9 +199,11 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
 
     def connect(self, url):
         key = (url, os.getpid())
+        seeds = self.options.get("CLUSTER_SEEDS") or ()
         mode = self._modes.get(key)
         if mode is None:
             forced, plain_url = cluster_url(url)
+            forced = forced or bool(seeds)  # several seed nodes: a cluster, whichever of them is up
             limit = _page_probe_timeout.get()
             probe = {"timeout": limit, "once": True} if limit is not None else {}
             mode = "cluster" if forced or probe_cluster_mode(plain_url, **probe) else "single"
@@ -207,6 +217,8 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
                 kwargs = {k: v for k, v in params.items() if k in _CLUSTER_KWARGS}
                 kwargs.update({k: v for k, v in self.pool_cls_kwargs.items() if k in _CLUSTER_KWARGS})
                 kwargs.update(self.options.get("CLUSTER_KWARGS", {}))
+                if seeds:  # every seed, not only the URL's host: a process starts while any one is down
+                    kwargs.setdefault("startup_nodes", [seed_node(seed) for seed in seeds])
                 client = self._clusters[key] = _make_cluster(url=cluster_url(url)[1], **kwargs)
         return client
 
