@@ -522,6 +522,11 @@ class GroupLoop(TakeOver):
     def _redis_down(self, exc):
         self.failures += 1
         recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
+        if self.reader is not self.conn:
+            # The reader is a cluster client of its own: XREADGROUP's keys are asked of its default node
+            # (COMMAND GETKEYS), and redis-py keeps that node when it dies, so every read failed for as
+            # long as the node REDIS_URL named stayed down. A fresh slot map names a live one.
+            recover(self.reader)
         if self.failures == 1 and self.outage.went_down(self):
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
         self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
