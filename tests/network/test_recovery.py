@@ -81,3 +81,24 @@ def test_consumers_read_again_soon_after_a_blackhole_longer_than_the_socket_time
     assert sorted(effects) == sorted(before + during)  # nothing lost, nothing run twice
     proc.signal(signal.SIGTERM)
     assert proc.wait(60) == 0, proc.output()[-3000:]
+
+
+def test_the_reclaimer_works_again_soon_after_a_blackhole(redis, net_proxy, run_consumer):
+    """The reclaim daemon through the proxy: after the heal, entries over their delivery limit are
+    dead-lettered within the bound (plus its pass interval)."""
+    redis.xgroup_create("jobs", "a", id="0", mkstream=True)
+    daemon = run_consumer("--interval", "1", command="runreclaimer", server=net_proxy)
+    daemon.wait_for_output("Reclaimer: watching")
+    net_proxy.blackhole()
+    time.sleep(FAULT)  # the fault itself is what is under test
+    net_proxy.heal()
+    healed = time.monotonic()
+    ids = [redis.xadd("jobs", {"payload": json.dumps({"n": n})}) for n in range(10)]
+    redis.xreadgroup("a", "ghost", {"jobs": ">"})
+    redis.xclaim("jobs", "a", "ghost", 0, ids, idle=600_000, retrycount=5, justid=True)  # over the limit, long idle
+    wait_for(lambda: redis.xpending("jobs", "a")["pending"] == 0, timeout=RECOVERY_BOUND + 1,
+             what=f"the reclaimer dead-lettering within {RECOVERY_BOUND} s of the heal (+ its 1 s interval)")
+    print(f"reclaimer recovered {time.monotonic() - healed:.1f} s after the heal")
+    assert sorted(f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")) == sorted(ids)
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(30) == 0, daemon.output()[-3000:]
