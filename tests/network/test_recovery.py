@@ -102,3 +102,22 @@ def test_the_reclaimer_works_again_soon_after_a_blackhole(redis, net_proxy, run_
     assert sorted(f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")) == sorted(ids)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(30) == 0, daemon.output()[-3000:]
+
+
+def test_the_outbox_relay_works_again_soon_after_a_blackhole(redis, redis_server, net_proxy, run_consumer, database):
+    """``runrelay`` through the proxy: rows committed after the heal reach the stream within the bound."""
+    from tests.streams_app.outbox.test_outbox_processes import STREAM, waiting_rows, write_orders
+
+    relay = run_consumer(command="runrelay", server=net_proxy, env={"DATABASE_URL": database.url})
+    relay.wait_for_output("relaying the outbox", timeout=60)
+    net_proxy.blackhole()
+    time.sleep(FAULT)  # the fault itself is what is under test
+    net_proxy.heal()
+    healed = time.monotonic()
+    write_orders(database, redis_server, "after-1", "after-2", "after-3")
+    wait_for(lambda: redis.xlen(STREAM) == 3 and waiting_rows(database) == 0,
+             timeout=RECOVERY_BOUND - (time.monotonic() - healed),
+             what=f"the rows committed after the heal relayed within {RECOVERY_BOUND} s of it")
+    print(f"relay recovered {time.monotonic() - healed:.1f} s after the heal")
+    relay.signal(signal.SIGTERM)
+    assert relay.wait(30) == 0, relay.output()[-3000:]
