@@ -10,8 +10,8 @@ when the network is fine. Connections in use by another thread fail on their own
 socket timeout; they are never handed out again either (redis-py disconnects a connection that
 timed out).
 
-TCP keepalive is on, with probes after 10 s idle, so that a peer gone without a FIN (host down,
-NAT entry dropped) breaks an idle connection within about 25 s instead of the kernel's two hours.
+TCP keepalive is on, with probes after 10 s idle (redis-py's own default is 30 s), so that a peer
+gone without a FIN (host down, NAT entry dropped) breaks an idle connection within about 25 s.
 """
 import socket
 import threading

@@ -29,6 +29,8 @@ from redis.exceptions import (
     AskError, ClusterDownError, ClusterError, MasterDownError, MovedError, SlotNotCoveredError, TryAgainError,
 )
 
+from shoal_common import netfaults
+
 CLUSTER_SCHEME = "redis+cluster"
 
 # "Redis is not reachable right now": retry with back-off rather than crash. On a cluster this
@@ -41,7 +43,8 @@ TRANSIENT_ERRORS = (
 )
 
 # RedisCluster keyword arguments taken from django-redis's connection parameters.
-_CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "health_check_interval")
+_CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "health_check_interval",
+                   "socket_keepalive", "socket_keepalive_options")
 
 
 def is_cluster(conn):
@@ -214,7 +217,9 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
             client = self._clusters.get(key)
             if client is None:
                 params = self.make_connection_params(url)
-                kwargs = {k: v for k, v in params.items() if k in _CLUSTER_KWARGS}
+                # TCP keepalive on every node's connections, as on one server's (shoal_common.netfaults).
+                kwargs = {"socket_keepalive": True, "socket_keepalive_options": netfaults.KEEPALIVE_OPTIONS}
+                kwargs.update({k: v for k, v in params.items() if k in _CLUSTER_KWARGS})
                 kwargs.update({k: v for k, v in self.pool_cls_kwargs.items() if k in _CLUSTER_KWARGS})
                 kwargs.update(self.options.get("CLUSTER_KWARGS", {}))
                 if seeds:  # every seed, not only the URL's host: a process starts while any one is down

@@ -40,3 +40,21 @@ def test_a_process_starts_while_the_seed_in_location_is_down(redis_cluster):
     client.set("seeded", "1")
     assert client.get("seeded") == b"1"
     factory.disconnect(client)
+
+
+def test_cluster_clients_use_tcp_keepalive(redis_cluster):
+    import socket
+
+    from shoal_common.redisconn import dedicated_connection
+
+    entry = redis_cache(f"redis+cluster://127.0.0.1:{redis_cluster.port}/0")
+    factory = ConnectionFactory(entry["OPTIONS"])
+    shared = factory.connect(entry["LOCATION"])
+    for client in (shared, dedicated_connection(shared, "test-keepalive")):
+        node = client.get_node_from_key("k")
+        conn = client.get_redis_connection(node).connection_pool.get_connection()
+        try:
+            assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert conn._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10  # redis-py's: 30
+        finally:
+            client.get_redis_connection(node).connection_pool.release(conn)
