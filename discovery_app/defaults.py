@@ -38,7 +38,7 @@ SETTINGS = (
     Setting("REDIS_TIMEOUT", 1.0, POSITIVE_NUMBER,
             "Seconds any one discovery call to Redis may take (socket and connect timeout of discovery's own "
             "clients). A hung Redis then costs one resolve() about this long, once per service (single-flight), "
-            "and the client serves its cached instances; the shared pool's 30 s is for blocking stream reads."),
+            "and the client serves its cached instances; not the shared pool's SOCKET_TIMEOUT (5 s)."),
     Setting("TTL", 30.0, POSITIVE_NUMBER,
             "Seconds an instance stays registered without a heartbeat. Pruned atomically once it lapses."),
     Setting("HEARTBEAT_INTERVAL", 10.0, POSITIVE_NUMBER,

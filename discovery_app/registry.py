@@ -309,7 +309,7 @@ class ServiceRegistry:
     @property
     def connection(self):
         # Looked up on every use: django-redis hands each (forked) process its own pool, and the
-        # registry's calls get DISCOVERY["REDIS_TIMEOUT"] rather than the shared pool's 30 s.
+        # registry's calls get DISCOVERY["REDIS_TIMEOUT"] rather than the shared pool's 5 s.
         return self._connection if self._connection is not None else registry_connection()
 
     # -- writers ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Discovery's Redis clients: the server and options of django-redis's, with a short timeout.
 
-The shared pool's socket timeout (30 s) is sized for the consumers' blocking reads. Discovery never
+The shared pool's socket timeout (5 s) suits the consumers, not a request path. Discovery never
 blocks on Redis on purpose, and a hung Redis must cost a resolve() about REDIS_TIMEOUT (1 s), after
 which the client serves what it has cached. One client per django-redis pool and timeout, kept
 while that pool lives; redis-py pools start afresh in a forked child (they check the pid).

@@ -42,11 +42,11 @@ def _forget_clients(*, setting, **kwargs):
 setting_changed.connect(_forget_clients, weak=False)
 
 
-def dedicated_connection(alias, client_name=None):
+def dedicated_connection(alias, client_name=None, **overrides):
     """A client with a pool of its own (same server(s) and options as django-redis's).
 
     Blocking readers use one, so that shutdown can find their connection in CLIENT LIST (by
     ``client_name``) and CLIENT UNBLOCK it; threads make theirs inside the thread, so nothing
     created in a pre-fork master is shared.
     """
-    return redisconn.dedicated_connection(get_connection(alias), client_name)
+    return redisconn.dedicated_connection(get_connection(alias), client_name, **overrides)

@@ -30,6 +30,11 @@ def catch():
         signal.signal(signum, _record)
 
 
+def pending():
+    """True once a stop signal has arrived that nobody has taken yet (a wait at start-up stops on it)."""
+    return bool(_pending)
+
+
 def take():
     """The stop signals received so far, oldest first; forgets them."""
     pending = list(_pending)

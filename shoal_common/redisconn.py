@@ -29,6 +29,8 @@ from redis.exceptions import (
     AskError, ClusterDownError, ClusterError, MasterDownError, MovedError, SlotNotCoveredError, TryAgainError,
 )
 
+from shoal_common import netfaults
+
 CLUSTER_SCHEME = "redis+cluster"
 
 # "Redis is not reachable right now": retry with back-off rather than crash. On a cluster this
@@ -41,7 +43,8 @@ TRANSIENT_ERRORS = (
 )
 
 # RedisCluster keyword arguments taken from django-redis's connection parameters.
-_CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "health_check_interval")
+_CLUSTER_KWARGS = ("username", "password", "socket_timeout", "socket_connect_timeout", "health_check_interval",
+                   "socket_keepalive", "socket_keepalive_options")
 
 
 def is_cluster(conn):
@@ -130,6 +133,14 @@ def _make_cluster(**kwargs):
         raise redis.ConnectionError(str(exc)) from exc
 
 
+def seed_node(seed):
+    """ClusterNode of a "host:port" seed (shoal_common.cache.split_seeds); ValueError when it is not one."""
+    host, sep, port = seed.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{seed!r} is not HOST:PORT")
+    return ClusterNode(host.strip("[]"), int(port))
+
+
 def cluster_url(url):
     """(is forced cluster, URL with a scheme redis-py understands)."""
     parts = urlsplit(url)
@@ -184,11 +195,18 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
     _clusters = {}
     _lock = threading.Lock()
 
+    def __init__(self, options):
+        # Pooled connections that met a network fault are not handed out again (shoal_common.netfaults).
+        options = {"CONNECTION_POOL_CLASS": "shoal_common.netfaults.FaultAwarePool", **options}
+        super().__init__(options)
+
     def connect(self, url):
         key = (url, os.getpid())
+        seeds = self.options.get("CLUSTER_SEEDS") or ()
         mode = self._modes.get(key)
         if mode is None:
             forced, plain_url = cluster_url(url)
+            forced = forced or bool(seeds)  # several seed nodes: a cluster, whichever of them is up
             limit = _page_probe_timeout.get()
             probe = {"timeout": limit, "once": True} if limit is not None else {}
             mode = "cluster" if forced or probe_cluster_mode(plain_url, **probe) else "single"
@@ -199,9 +217,13 @@ class ConnectionFactory(DjangoRedisConnectionFactory):
             client = self._clusters.get(key)
             if client is None:
                 params = self.make_connection_params(url)
-                kwargs = {k: v for k, v in params.items() if k in _CLUSTER_KWARGS}
+                # TCP keepalive on every node's connections, as on one server's (shoal_common.netfaults).
+                kwargs = {"socket_keepalive": True, "socket_keepalive_options": netfaults.KEEPALIVE_OPTIONS}
+                kwargs.update({k: v for k, v in params.items() if k in _CLUSTER_KWARGS})
                 kwargs.update({k: v for k, v in self.pool_cls_kwargs.items() if k in _CLUSTER_KWARGS})
                 kwargs.update(self.options.get("CLUSTER_KWARGS", {}))
+                if seeds:  # every seed, not only the URL's host: a process starts while any one is down
+                    kwargs.setdefault("startup_nodes", [seed_node(seed) for seed in seeds])
                 client = self._clusters[key] = _make_cluster(url=cluster_url(url)[1], **kwargs)
         return client
 

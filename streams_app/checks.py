@@ -65,6 +65,7 @@ def check_streams_settings(app_configs=None, **kwargs):
         )
     else:
         errors.extend(_location_errors(alias, caches[alias].get("LOCATION")))
+        errors.extend(_seed_errors(alias, caches[alias].get("OPTIONS", {}).get("CLUSTER_SEEDS")))
         timeout = caches[alias].get("OPTIONS", {}).get("SOCKET_TIMEOUT")
         block_ms = merged["BLOCK_MS"]
         admin_timeout = merged["ADMIN_REDIS_TIMEOUT"]
@@ -184,6 +185,28 @@ def _check_supervisor(merged):
 def settings_errors():
     """The serious problems of STREAMS, as one line each: for commands that must not start with them."""
     return [f"{e.id}: {e.msg}" for e in check_streams_settings() if e.is_serious()]
+
+
+def _seed_errors(alias, seeds):
+    """Several seed nodes of a Redis Cluster (REDIS_URL=redis+cluster://h1:p1,h2:p2/0, which
+    shoal_common.cache.redis_cache puts in OPTIONS["CLUSTER_SEEDS"]): each must be HOST:PORT."""
+    from shoal_common.redisconn import seed_node
+
+    if seeds is None:
+        return []
+    if isinstance(seeds, str) or not isinstance(seeds, (list, tuple)) or not seeds:
+        problems = [f"a list of HOST:PORT strings is needed, not {seeds!r}"]
+    else:
+        problems = []
+        for seed in seeds:
+            try:
+                seed_node(seed if isinstance(seed, str) else "")
+            except ValueError:
+                problems.append(f"seed {seed!r} is not HOST:PORT")
+    return [Error(f"CACHES[{alias!r}] OPTIONS['CLUSTER_SEEDS']: {'; '.join(problems)}",
+                  hint="Name a cluster's seed nodes comma-separated in REDIS_URL, "
+                       "redis+cluster://HOST1:PORT1,HOST2:PORT2/0, each with its port.",
+                  id="streams_app.E041")] if problems else []
 
 
 def _location_errors(alias, location):

@@ -15,9 +15,20 @@ def get_connection():
     return connections.get_connection(setting("REDIS_ALIAS"))
 
 
-def dedicated_connection(client_name):
+# Seconds a blocking read's reply may take beyond its BLOCK: the reader's own socket timeout, so that
+# a read on a dead connection fails soon after its block ends, not after the pool's SOCKET_TIMEOUT.
+BLOCKING_READ_MARGIN = 5.0
+
+
+def dedicated_connection(client_name, **overrides):
     """A client with a pool of its own whose connections carry ``client_name`` (see shoal_common.connections)."""
-    return connections.dedicated_connection(setting("REDIS_ALIAS"), client_name)
+    return connections.dedicated_connection(setting("REDIS_ALIAS"), client_name, **overrides)
+
+
+def reader_connection(client_name, block_ms):
+    """A dedicated client for blocking reads of at most ``block_ms``: its socket timeout is the block
+    plus BLOCKING_READ_MARGIN, whatever the shared pool's SOCKET_TIMEOUT."""
+    return dedicated_connection(client_name, socket_timeout=block_ms / 1000 + BLOCKING_READ_MARGIN)
 
 
 def web_connection():

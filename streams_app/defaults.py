@@ -19,7 +19,8 @@ SETTINGS = (
             "The most entries one XREADGROUP / XAUTOCLAIM asks for. Reads are also capped by free handler "
             "slots (two chunks per thread), so slow handlers get small reads: a large value costs nothing there."),
     Setting("BLOCK_MS", 2000, MILLISECONDS_INT,
-            "How long an idle XREADGROUP blocks waiting for new entries. Must be below the Redis socket timeout."),
+            "How long an idle XREADGROUP blocks waiting for new entries. A consumer's reader gets its own socket "
+            "timeout, BLOCK_MS plus 5 s, so a read on a dead connection fails soon after its block (docs/consuming.md)."),
     Setting("THREADS", 4, POSITIVE_INT,
             "Handler threads per worker process (``runconsumer --threads``)."),
     Setting("ASYNC_CONCURRENCY", 100, POSITIVE_INT,
@@ -68,7 +69,7 @@ SETTINGS = (
     Setting("ADMIN_REDIS_TIMEOUT", 2.0, POSITIVE_NUMBER,
             "Seconds an admin page or action waits for Redis (connect and each reply, no retry). After one "
             "failure the page makes no further Redis call and shows the mirror's last copy, so a hung Redis costs "
-            "a page about this long, never the pool's SOCKET_TIMEOUT (sized for blocking reads)."),
+            "a page about this long, never the pool's SOCKET_TIMEOUT (5 s)."),
     Setting("BROADCAST_CHANNEL", "shoal:broadcast", NON_EMPTY_STRING,
             "The Redis pub/sub channel of ``streams_app.broadcast``. Deployments sharing one Redis need one each.", check_id="E020"),
     # -- the transactional outbox (streams_app/outbox, docs/publishing.md) --------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.netproxy import NetProxy
 from tests.redis_cluster import RedisClusterServer
 from tests.redis_server import RedisServer
 from tests.waiting import wait_for
@@ -99,6 +100,15 @@ def _flushall(server, client):
         server.flushall(client)
     else:
         client.flushall()
+
+
+@pytest.fixture
+def net_proxy(single_redis_server):
+    """A TCP proxy (tests/netproxy.py) in front of the single test server: ``.url`` for the processes
+    under test, ``cut()``, ``delay(ms)``, ``blackhole()``, ``refuse()`` and ``heal()`` for the faults."""
+    proxy = NetProxy(single_redis_server.port).start()
+    yield proxy
+    proxy.stop()
 
 
 @pytest.fixture

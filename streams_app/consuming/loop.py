@@ -155,6 +155,10 @@ class GroupLoop(TakeOver):
     def step(self):
         """One pass that survives Redis trouble: back off on connection errors, remake a lost group."""
         try:
+            if self.failures:
+                # Back from an outage (if this pass gets through): judge nobody dead for one
+                # CONSUMER_TTL from now, this pass's takeovers included (takeover._claim_from_dead).
+                self.judge_dead_after = self.clock() + self.consumer_ttl
             self.tick()
             self._redis_ok()
         except TRANSIENT_ERRORS as exc:
@@ -536,13 +540,17 @@ class GroupLoop(TakeOver):
     def _redis_down(self, exc):
         self.failures += 1
         recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
+        if self.reader is not self.conn:
+            # The reader is a cluster client of its own: XREADGROUP's keys are asked of its default node
+            # (COMMAND GETKEYS), and redis-py keeps that node when it dies, so every read failed for as
+            # long as the node REDIS_URL named stayed down. A fresh slot map names a live one.
+            recover(self.reader)
         if self.failures == 1 and self.outage.went_down(self):
             logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
         self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
 
     def _redis_ok(self):
         if self.failures:
-            self.judge_dead_after = self.clock() + self.consumer_ttl
             if self.outage.came_back(self):
                 logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer,
                                self.failures)

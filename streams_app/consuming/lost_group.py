@@ -151,13 +151,18 @@ class LostGroupProtocol:
         start = loop.last_read_id or loop.spec.start
         what, settle = recreate_lost_group(loop.conn, loop.stream, loop.group, loop.last_read_id, loop.spec.start,
                                            self.settle_seconds * 1000)
-        if settle:
-            # Not before the settling marker lapses either: a read while it lives is taken back.
-            self.read_after = now + max(self.settle_seconds, loop.conn.pttl(self.settling) / 1000 + 0.05)
+        # Not before the settling marker lapses either, settling here or not: a read while it lives is
+        # taken back, and the group lost again (after a flush the stream holds only newer entries, so
+        # this consumer need not settle, but the marker is set all the same: reading at once went
+        # read, take back, recreate, read... in a tight loop, with four log lines a turn, until it lapsed).
+        marker_left = loop.conn.pttl(self.settling) / 1000
+        wait = max(self.settle_seconds if settle else 0.0, marker_left + 0.05 if marker_left > 0 else 0.0)
+        if wait:
+            self.read_after = now + wait
         self._hold_again()
         logger.warning("Consumer %s: group %s on %s %s at %s%s", loop.consumer, loop.group, loop.stream, what, start,
-                       f"; reading again in {self.settle_seconds:.1f} s, when every live consumer has moved it "
-                       "to what it read" if settle else "")
+                       f"; reading again in {wait:.1f} s, when every live consumer has moved it "
+                       "to what it read" if wait else "")
 
     def _hold_again(self):
         """Put what this consumer holds back into the recreated group's pending list (XCLAIM … FORCE,

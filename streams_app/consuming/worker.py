@@ -27,7 +27,7 @@ from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection, get_connection, node_client, recover
+from streams_app.connection import TRANSIENT_ERRORS, get_connection, node_client, reader_connection, recover
 from streams_app.consuming import refusals
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
@@ -96,7 +96,12 @@ class Worker:
 
     def run(self):
         """Consume until stopped; return the exit code."""
-        self.boot()
+        try:
+            self.boot()
+        except StoppedAtStart as stopped:
+            logger.info("Consumer %s: %s received while waiting for Redis at start; stopped", self.name,
+                        signal.Signals(stopped.signum).name)
+            return EXIT_OK
         self.install_signals()
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
@@ -205,12 +210,24 @@ class Worker:
         failures = 0
         while True:
             try:
-                return dedicated_connection(reader_name) if reader_name else get_connection()
+                return reader_connection(reader_name, self.config["BLOCK_MS"]) if reader_name else get_connection()
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 if failures == 1:
                     logger.warning("Consumer %s: Redis unreachable at start (%s); waiting for it", self.name, exc)
-                time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                self._wait_at_start(min(5.0, 0.1 * 2 ** min(failures, 6)))
+
+    def _wait_at_start(self, seconds):
+        """Sleep ``seconds``, unless a TERM/INT arrives (its own handlers are not installed yet): then
+        stop, with nothing read and nothing in flight."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if early_signals.pending():
+                raise StoppedAtStart(early_signals.take()[0])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
 
     def renew_liveness(self, now=None):
         """Renew this consumer's deadline on every stream it reads (every third of CONSUMER_TTL)."""
@@ -337,3 +354,11 @@ class Worker:
             self.can_unblock = False  # ACL changed under us: the read ends by itself within BLOCK_MS
             logger.warning("Consumer %s: the Redis user may not run CLIENT LIST/UNBLOCK (%s); the blocked read "
                            "ends by itself within BLOCK_MS", self.name, exc)
+
+
+class StoppedAtStart(Exception):
+    """A TERM/INT arrived while the worker waited for Redis at start: it exits 0 without starting."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
