@@ -23,7 +23,7 @@ def test_publish_many_returns_once_the_replica_has_every_entry(redis_factory, us
     wait_for(lambda: copy.info("replication").get("master_link_status") == "up", timeout=30, what="the replica")
     use_redis(master)
     for _ in range(3):
-        ids = publish_many("jobs", [{"n": n} for n in range(2500)], replicas=1, replicas_timeout_ms=5000)
+        ids = publish_many("jobs", [{"n": n} for n in range(2500)], replicas=1, replicas_timeout_ms=4000)
         assert copy.xrange("jobs")[-2500:][-1][0] == ids[-1]  # already there, the last batch included
     assert copy.xlen("jobs") == 7500
     assert wait_calls(master.client()) == 3  # one WAIT per call, not per batch of 1000
@@ -48,7 +48,7 @@ def test_publish_many_on_a_partitioned_stream_waits_on_each_master_that_got_entr
     before = {port: wait_calls(ha_cluster.node(port)) for port in masters}
 
     ids = publish_many("orders", [{"n": n} for n in range(2500)], keys=[f"k{n}" for n in range(2500)],
-                       replicas=1, replicas_timeout_ms=5000)
+                       replicas=1, replicas_timeout_ms=4000)
 
     assert {port: wait_calls(ha_cluster.node(port)) - before[port] for port in masters} == dict.fromkeys(masters, 1)
     seen = {}

@@ -309,9 +309,9 @@ def test_with_replicas_a_deferred_publish_returns_once_the_replica_has_it(redis_
     copy.replicaof("127.0.0.1", master.port)
     wait_for(lambda: copy.info("replication").get("master_link_status") == "up", timeout=30, what="the replica")
     use_redis(master)
-    one = publish("jobs", {"n": 1}, run_after=timedelta(hours=1), replicas=1, replicas_timeout_ms=5000)
+    one = publish("jobs", {"n": 1}, run_after=timedelta(hours=1), replicas=1, replicas_timeout_ms=4000)
     many = publish_many("jobs", [{"n": n} for n in range(1500)], run_after=timedelta(hours=1), replicas=1,
-                        replicas_timeout_ms=5000)
+                        replicas_timeout_ms=4000)
     assert copy.zscore(scheduled_key("jobs"), one) is not None and copy.zcard(scheduled_key("jobs")) == 1501
     assert copy.hlen(scheduled_data_key("jobs")) == 1501 and many[-1] in copy.zrange(scheduled_key("jobs"), -1, -1)
     copy.replicaof("no", "one")  # the replica is gone: nobody confirms
