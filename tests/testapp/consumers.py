@@ -476,3 +476,10 @@ def deferred_effect(message):
 
     record_run(message)
     Effect.objects.create(name=message.key, entry_id=message.id)
+
+
+@consumer("gcfrozen", group="g")
+def records_how_many_objects_are_frozen(message):
+    import gc
+
+    get_connection().rpush("gc:frozen", gc.get_freeze_count())
