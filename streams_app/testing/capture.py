@@ -26,6 +26,9 @@ _previous_hook: list[Any] = []
 # The in-memory done marks of idempotent="redis" handlers run in process (testing.handlers.MemoryGuard):
 # they last as long as the outermost capture, as a test.
 guard_marks: set[tuple[str, str, str]] = set()
+# The ids of the messages some drain() has delivered: nested captures record the same message (the same
+# id) each, and an outer drain must not deliver again what an inner one did. Cleared with guard_marks.
+drained_ids: set[str] = set()
 
 
 class Published:
@@ -104,6 +107,7 @@ def capture_publishes() -> Iterator[Published]:
     with _lock:
         if not _active:
             guard_marks.clear()
+            drained_ids.clear()
             _previous_hook.append(producer.set_publish_hook(_hook))
         _active.append(published)
         published.active = True

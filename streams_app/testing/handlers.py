@@ -27,7 +27,7 @@ from streams_app.consuming.retry import backoff_policy, backoff_seconds
 from streams_app.exceptions import ConsumerConfigError
 from streams_app.message import Message
 from streams_app.registry import ConsumerSpec, declared
-from streams_app.testing.capture import Published, capture_publishes, guard_marks
+from streams_app.testing.capture import Published, capture_publishes, drained_ids, guard_marks
 
 
 class Status(enum.Enum):
@@ -207,8 +207,9 @@ def run_handlers(messages: Message | Iterable[Message], *, stream: str | None = 
 
 
 def drain(published: Published, *, limit: int = 1000) -> Report:
-    """Deliver every message of ``published`` not delivered yet to its stream's handlers, then what those
-    handlers publish, and so on until nothing new is published: a whole flow, in order.
+    """Deliver every message of ``published`` that no drain has delivered yet (of this capture, or of one
+    nested in it) to its stream's handlers, then what those handlers publish, and so on until nothing new
+    is published: a whole flow, in order.
 
     Messages to streams that no handler of this project consumes are left alone. ``limit``: at most so
     many messages are delivered (a flow that publishes forever raises RuntimeError instead of hanging).
@@ -218,8 +219,9 @@ def drain(published: Published, *, limit: int = 1000) -> Report:
     while published.drained < len(published.messages):
         message = published.messages[published.drained]
         published.drained += 1
-        if not declared(message.stream):
+        if message.id in drained_ids or not declared(message.stream):
             continue
+        drained_ids.add(message.id)
         delivered += 1
         if delivered > limit:
             raise RuntimeError(f"drain() delivered {limit} messages and the handlers keep publishing; "

@@ -176,3 +176,19 @@ def test_drain_stops_a_flow_that_publishes_forever():
         publish("t.loop", 1)
         with pytest.raises(RuntimeError, match="keep publishing"):
             drain(published, limit=5)
+
+
+def test_an_outer_drain_does_not_deliver_again_what_an_inner_drain_delivered():
+    seen = []
+    consumer("t.nest", group="g")(lambda m: (seen.append(m.payload), publish("t.nested", m.payload)))
+    consumer("t.nested", group="g")(lambda m: seen.append(("chained", m.payload)))
+    with capture_publishes() as outer:
+        publish("t.nest", 1)
+        with capture_publishes() as inner:
+            publish("t.nest", 2)
+            drain(inner)
+        assert seen == [2, ("chained", 2)]
+        report = drain(outer)
+    assert seen == [2, ("chained", 2), 1, ("chained", 1)]
+    assert [d.message.payload for d in report] == [1, 1]
+    assert outer.payloads("t.nest") == [1, 2]  # recorded all the same
