@@ -7,3 +7,4 @@ EXIT_OK = 0  # stopped cleanly (TERM/INT)
 EXIT_CRASH = 1  # a read loop died, or a master's workers kept crashing: let the supervisor restart it
 EXIT_FORCED = 2  # a second TERM/INT: stopped without waiting for handlers; unacked entries stay pending
 EXIT_CONFIG = 3  # cannot start as configured (bad settings, ImportError, unknown selector): restarting will not help
+EXIT_BURST_UNFINISHED = 4  # runconsumer --burst gave up with work left (--burst-timeout, or Redis unreachable)

@@ -301,6 +301,13 @@ def _publish_replicated(conn: Any, stream: str, fields: Fields, maxlen: int | No
     return entry_id
 
 
+def _check_many(values: Any, what: str, hint: str) -> None:
+    """One payload (or key) where an iterable of them belongs: a dict would publish its keys, a str its
+    characters. The annotation cannot say "not str", so the check is here."""
+    if isinstance(values, (str, bytes, bytearray, Mapping)):
+        raise PublishError(f"{what}, one per message, not a {type(values).__name__}{hint}")
+
+
 def publish_many(stream: str, payloads: Iterable[Any], *, keys: Iterable[str | None] | None = None,
                  headers: Mapping[str, Any] | None = None, maxlen: int | None = None, codec: str | None = None,
                  outbox: bool = False, using: str = "default", replicas: int | None = None,
@@ -324,8 +331,11 @@ def publish_many(stream: str, payloads: Iterable[Any], *, keys: Iterable[str | N
     validate_stream_name(stream)
     _check_replicas(replicas, outbox, replicas_timeout_ms)
     _check_maxlen(maxlen)
+    _check_many(payloads, "publish_many() takes an iterable of payloads", "; use publish(stream, payload) for one, "
+                "or publish_many(stream, [payload])")
     payloads = list(payloads)
     if keys is not None:
+        _check_many(keys, "keys takes an iterable of keys", "")
         keys = list(keys)
         if len(keys) != len(payloads):
             raise PublishError(f"got {len(keys)} keys for {len(payloads)} payloads")

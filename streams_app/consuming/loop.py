@@ -61,9 +61,12 @@ _str = to_text
 
 
 class GroupLoop(TakeOver):
-    # runconsumer --burst: stop once a read finds nothing new and nothing is running or left to settle.
+    # runconsumer --burst: stop once a read finds nothing new and nothing is running or left to settle,
+    # in every loop of the process at once (burst.BurstGate, shared by them).
     burst = False
+    burst_gate = None
     read_nothing = False  # the last XREADGROUP ">" came back empty
+    read_epoch = 0  # the gate's epoch when that read started
 
     def __init__(self, spec, consumer, *, conn, reader, executor, threads, shutdown, config, clock=time.monotonic,
                  concurrency=None, outage=None):
@@ -148,9 +151,17 @@ class GroupLoop(TakeOver):
 
     def burst_done(self):
         """Burst mode is over: the stream had nothing new at the last read, and no handler runs and no ack,
-        last error or dead-letter move waits. Entries waiting for a retry stay pending for their back-off."""
-        return (self.burst and self.read_nothing and not self.chunks
-                and not (self.to_ack or self.errors or self.to_dead_letter))
+        last error or dead-letter move waits, here and in every other loop of the process, since after
+        the last handler anywhere finished (burst.py). Entries waiting for a retry stay pending for their back-off."""
+        if not self.burst:
+            return False
+        idle = self.read_nothing and not self.chunks and not (self.to_ack or self.errors or self.to_dead_letter)
+        if self.burst_gate is None:
+            return idle
+        if not idle:
+            self.burst_gate.busy(self)
+            return self.burst_gate.over
+        return self.burst_gate.idle(self, self.read_epoch)
 
     def step(self):
         """One pass that survives Redis trouble: back off on connection errors, remake a lost group."""
@@ -217,6 +228,8 @@ class GroupLoop(TakeOver):
             block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
             if self.spec.yields_to:  # a read blocked here would not see a higher band filling up
                 block = min(block, int(bands.YIELD_SECONDS * 1000))
+        if self.burst_gate is not None:
+            self.read_epoch = self.burst_gate.epoch
         entries = self.read_new(capacity, block)
         self.read_nothing = not entries
         self.dispatch(entries)
@@ -374,6 +387,8 @@ class GroupLoop(TakeOver):
 
     def _finish(self, future):
         chunk = self.chunks.pop(future)
+        if self.burst_gate is not None:
+            self.burst_gate.progressed()
         try:
             result = future.result()
         except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel

@@ -25,11 +25,12 @@ from shoal_common import early_signals, logformat
 from streams_app import broadcast, partitions
 
 from streams_app.consuming import chunks, liveness
-from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
+from shoal_common.exitcodes import EXIT_BURST_UNFINISHED, EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
 from streams_app.connection import TRANSIENT_ERRORS, get_connection, node_client, reader_connection, recover
 from streams_app.consuming import refusals
+from streams_app.consuming.burst import BurstGate, BurstGaveUp
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.leases import LeaseTable
@@ -50,6 +51,8 @@ logger = logging.getLogger("streams_app.consumer")
 SHORT_BLOCK_MS = 500
 # --burst: how long a read waits for a new entry before the burst counts the stream as done.
 BURST_BLOCK_MS = 10
+# --burst: a Redis unreachable this long (or the --burst-timeout, if shorter) ends the burst, exit 4.
+BURST_REDIS_WAIT = 10.0
 
 
 class Shutdown(threading.Event):
@@ -64,7 +67,7 @@ class Worker:
     executor_class = ThreadPoolExecutor
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
-                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False):
+                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -92,11 +95,16 @@ class Worker:
                            refused=refusals.refused)
         self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
         self.burst = burst  # handle what is there, then stop (runconsumer --burst)
+        self.burst_timeout = burst_timeout  # seconds; None: no bound
+        self.burst_deadline = float("inf")
+        self.burst_left = None  # why the burst gave up, when it did
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def run(self):
         """Consume until stopped; return the exit code."""
+        if self.burst and self.burst_timeout is not None:
+            self.burst_deadline = time.monotonic() + self.burst_timeout
         try:
             self.boot()
         except StoppedAtStart as stopped:
@@ -127,6 +135,7 @@ class Worker:
             if signum is not None:
                 self.handle_signal(signum)
             self.check_loops()
+            self.check_burst()
             if self.shutdown.is_set():
                 self.unblock_readers()
         if any(getattr(loop, "crashed", None) is not None for loop in self.loops):
@@ -159,6 +168,7 @@ class Worker:
                 refusals.refused("group", exc)  # the group's loop keeps trying to create it
         self.check_client_commands(conn)
         self.executor = self.executor_class(self.threads, thread_name_prefix="shoal-handler")
+        gate = BurstGate(len(self.specs)) if self.burst else None
         if any(spec.is_async for spec in self.specs):
             self.event_loop = EventLoopRunner(self.concurrency)
         for spec in self.specs:
@@ -174,6 +184,7 @@ class Worker:
                 loop.can_list_clients = False
             if self.burst:
                 loop.burst = True
+                loop.burst_gate = gate
                 loop.block_ms = min(loop.block_ms, BURST_BLOCK_MS)
             thread = threading.Thread(target=self._run_loop, args=(loop,), name=f"shoal-read-{spec.name}", daemon=True)
             self.loops.append(loop)
@@ -220,7 +231,11 @@ class Worker:
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 if failures == 1:
+                    started = time.monotonic()
                     logger.warning("Consumer %s: Redis unreachable at start (%s); waiting for it", self.name, exc)
+                if self.burst and time.monotonic() - started >= self.burst_redis_wait:
+                    raise BurstGaveUp(f"--burst gave up: Redis unreachable for {self.burst_redis_wait:g}s at start "
+                                      f"({exc}); nothing was handled") from None
                 self._wait_at_start(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
     def _wait_at_start(self, seconds):
@@ -306,6 +321,29 @@ class Worker:
 
     def alive(self):
         return any(t.is_alive() for t in self.threads_)
+
+    @property
+    def burst_redis_wait(self):
+        return min(BURST_REDIS_WAIT, self.burst_timeout if self.burst_timeout is not None else BURST_REDIS_WAIT)
+
+    def check_burst(self):
+        """End a burst that cannot end by itself (a handler feeding its own stream, Redis gone): exit 4, not 0."""
+        if not self.burst or self.shutdown.is_set():
+            return
+        now = time.monotonic()
+        down_since = self.outage.since
+        if down_since is not None and now - down_since >= self.burst_redis_wait:
+            self.burst_left = (f"--burst gave up: Redis unreachable for {self.burst_redis_wait:g}s; what was not "
+                               "acked stays pending")
+        elif now >= self.burst_deadline:
+            self.burst_left = (f"--burst gave up after --burst-timeout {self.burst_timeout:g}s with work left "
+                               "(a handler that keeps publishing to the streams it reads never lets a burst end); "
+                               "what was not handled stays in the streams")
+        else:
+            return
+        logger.error("Consumer %s: %s", self.name, self.burst_left)
+        self.exit_code = EXIT_BURST_UNFINISHED
+        self.stop(graceful=True)
 
     def check_loops(self):
         for loop in self.loops:

@@ -24,8 +24,13 @@ _lock = threading.RLock()
 _active: list[Published] = []
 _previous_hook: list[Any] = []
 # The in-memory done marks of idempotent="redis" handlers run in process (testing.handlers.MemoryGuard):
-# they last as long as the outermost capture, as a test.
+# they last as long as the outermost capture, as a test; outside any capture, one run_handlers/drain call
+# (marks_scope), not one delivery (each delivery captures its handler's publishes).
 guard_marks: set[tuple[str, str, str]] = set()
+_scopes = [0]  # run_handlers/drain calls in progress (marks_scope)
+# The ids of the messages some drain() has delivered: nested captures record the same message (the same
+# id) each, and an outer drain must not deliver again what an inner one did. Cleared with guard_marks.
+drained_ids: set[str] = set()
 
 
 class Published:
@@ -103,7 +108,9 @@ def capture_publishes() -> Iterator[Published]:
     published = Published()
     with _lock:
         if not _active:
-            guard_marks.clear()
+            if not _scopes[0]:  # not a capture run_handlers makes around one delivery
+                guard_marks.clear()
+                drained_ids.clear()
             _previous_hook.append(producer.set_publish_hook(_hook))
         _active.append(published)
         published.active = True
@@ -115,6 +122,21 @@ def capture_publishes() -> Iterator[Published]:
             published.active = False
             if not _active:
                 producer.set_publish_hook(_previous_hook.pop())
+
+
+@contextmanager
+def marks_scope() -> Iterator[None]:
+    """Around a run_handlers/drain call: outside any capture, the call starts with no idempotency marks and
+    keeps them to its end (inside one, the outermost capture holds them)."""
+    with _lock:
+        if not _active and not _scopes[0]:
+            guard_marks.clear()
+        _scopes[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _scopes[0] -= 1
 
 
 def capturing() -> bool:

@@ -27,7 +27,7 @@ from streams_app.consuming.retry import backoff_policy, backoff_seconds
 from streams_app.exceptions import ConsumerConfigError
 from streams_app.message import Message
 from streams_app.registry import ConsumerSpec, declared
-from streams_app.testing.capture import Published, capture_publishes, guard_marks
+from streams_app.testing.capture import Published, capture_publishes, drained_ids, guard_marks, marks_scope
 
 
 class Status(enum.Enum):
@@ -196,30 +196,39 @@ def run_handlers(messages: Message | Iterable[Message], *, stream: str | None = 
     duplicate, failed (with the exception) or would-be dead-lettered. What the handlers publish is
     captured (``Report.published``, and any capture active around the call). Async handlers run on an
     event loop. Call it from sync code (a sync test); a test that is itself async uses ``sync_to_async``.
+    ``idempotent="redis"`` marks last for the outermost capture, or, outside any capture, for this call.
     """
     if isinstance(messages, Message):
         messages = [messages]
     report = Report()
-    for message in messages:
-        for spec in _specs(stream or message.stream, group):
-            report.append(deliver(spec, message, retry=retry))
+    with marks_scope():
+        for message in messages:
+            for spec in _specs(stream or message.stream, group):
+                report.append(deliver(spec, message, retry=retry))
     return report
 
 
 def drain(published: Published, *, limit: int = 1000) -> Report:
-    """Deliver every message of ``published`` not delivered yet to its stream's handlers, then what those
-    handlers publish, and so on until nothing new is published: a whole flow, in order.
+    """Deliver every message of ``published`` that no drain has delivered yet (of this capture, or of one
+    nested in it) to its stream's handlers, then what those handlers publish, and so on until nothing new
+    is published: a whole flow, in order.
 
     Messages to streams that no handler of this project consumes are left alone. ``limit``: at most so
     many messages are delivered (a flow that publishes forever raises RuntimeError instead of hanging).
     """
+    with marks_scope():
+        return _drain(published, limit)
+
+
+def _drain(published: Published, limit: int) -> Report:
     report = Report()
     delivered = 0
     while published.drained < len(published.messages):
         message = published.messages[published.drained]
         published.drained += 1
-        if not declared(message.stream):
+        if message.id in drained_ids or not declared(message.stream):
             continue
+        drained_ids.add(message.id)
         delivered += 1
         if delivered > limit:
             raise RuntimeError(f"drain() delivered {limit} messages and the handlers keep publishing; "

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from streams_app.message import Message
+from streams_app.names import validate_stream_name
 from streams_app.producer import encode_message
+
+# A Redis stream entry id: <milliseconds>-<sequence>, both whole numbers; 0-0 is the one Redis never gives.
+_ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")
 
 _lock = threading.Lock()
 _sequence = itertools.count(1)
@@ -35,11 +40,18 @@ def make_message(payload: Any = None, *, stream: str = "test", group: str = "tes
     """A Message as the handler of ``stream``/``group`` receives it, encoded exactly as ``publish`` encodes.
 
     ``payload``, ``key``, ``headers`` and ``codec`` are ``publish()``'s (bad input raises the same
-    PublishError); datetimes, Decimals and UUIDs come back typed, as in production. ``id`` defaults to a
-    fresh entry id; ``deliveries`` is the delivery count the handler sees (1 on the first delivery).
+    PublishError); datetimes, Decimals and UUIDs come back typed, as in production. ``stream`` is checked
+    as ``publish`` checks it (PublishError). ``id`` defaults to a fresh entry id (given, it must look like
+    one: ``<ms>-<seq>``, ValueError otherwise); ``deliveries`` is the delivery count the handler sees (1
+    on the first delivery; below 1 is a ValueError).
     ``fields`` adds or replaces raw entry fields after encoding, e.g. ``fields={"payload": "{not json"}``
     for a poison message.
     """
+    validate_stream_name(stream)  # as publish() does: PublishError
+    if id is not None and (not isinstance(id, str) or not _ENTRY_ID.fullmatch(id) or id == "0-0"):
+        raise ValueError(f"id must be an entry id like '1700000000000-0' (<ms>-<seq>, above 0-0), not {id!r}")
+    if type(deliveries) is not int or deliveries < 1:
+        raise ValueError(f"deliveries must be a whole number, 1 or more (1 is the first delivery), not {deliveries!r}")
     entry: dict[str, Any] = dict(encode_message(payload, key=key, headers=headers, codec=codec))
     if fields:
         entry.update(fields)

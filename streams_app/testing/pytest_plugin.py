@@ -1,9 +1,11 @@
-"""pytest fixtures for projects that use Shoal. Installed with django-shoal as a pytest plugin (entry point
-``shoal``); in a checkout, or to be explicit: ``pytest_plugins = ["streams_app.testing.pytest_plugin"]``.
+"""pytest fixtures for projects that use Shoal. Not loaded by itself (django-shoal declares no pytest11
+entry point, so installing it changes no other project's test run): add
+``pytest_plugins = ["streams_app.testing.pytest_plugin"]`` to the top-level ``conftest.py``.
 
 - ``shoal_published``: the test runs inside ``capture_publishes()``; the fixture is its ``Published``.
 - ``shoal_redis``: real-Redis mode; Django's Redis points at a private redis-server (started once per
   session on a free port, or the one ``SHOAL_TEST_REDIS_URL`` names), flushed before and after the test.
+  It is a ``TestRedis``: ``.url`` for a ``runconsumer --burst`` subprocess, ``.client()``.
 
 The helpers are imported inside the fixtures, so loading the plugin touches neither Django nor Redis.
 """

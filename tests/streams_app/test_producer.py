@@ -152,3 +152,14 @@ def test_a_replicas_timeout_past_the_clients_socket_timeout_is_refused_before_an
         with pytest.raises(PublishError, match=r"must be at most 4000 ms: one second below .* socket timeout \(5 s"):
             call()
     assert not redis.exists("jobs")
+
+
+@pytest.mark.parametrize("payloads, kind", [({"a": 1}, "dict"), ("abc", "str"), (b"abc", "bytes")])
+def test_publish_many_refuses_one_payload_where_a_list_of_them_belongs(redis, payloads, kind):
+    # A dict would publish its keys, a str its characters: publish() was meant, or a list of one.
+    with pytest.raises(PublishError, match=rf"publish_many\(\) takes an iterable of payloads, one per message, "
+                                           rf"not a {kind}; use publish\(stream, payload\)"):
+        publish_many("orders", payloads)
+    with pytest.raises(PublishError, match="keys takes an iterable of keys, one per message, not a str"):
+        publish_many("orders", [1, 2, 3], keys="abc")
+    assert redis.exists("orders") == 0

@@ -483,3 +483,25 @@ def records_how_many_objects_are_frozen(message):
     import gc
 
     get_connection().rpush("gc:frozen", gc.get_freeze_count())
+
+
+# -- runconsumer --burst across groups (tests/streams_app/consuming/test_burst.py) -----------------
+
+@consumer("chain1", group="c")
+def publishes_on_after_a_while(message):
+    """Publishes to chain2 after the chain2 loop has long read nothing: a burst must still handle it."""
+    from streams_app import publish
+
+    time.sleep(message.payload.get("sleep", 0))
+    publish("chain2", {"from": message.id})
+
+
+consumer("chain2", group="c")(behave)
+
+
+@consumer("selffeed", group="g")
+def feeds_its_own_stream(message):
+    """Every message publishes the next one: a burst of it never runs out of work."""
+    from streams_app import publish
+
+    publish("selffeed", {"n": message.payload.get("n", 0) + 1})

@@ -10,13 +10,17 @@ from streams_app.conf import get_settings
 from streams_app.exceptions import ConsumerConfigError, StreamsError
 from streams_app.checks import settings_errors
 from streams_app.registry import select
-from streams_app.consuming.worker import EXIT_CONFIG, Worker
+from streams_app.consuming.burst import BurstGaveUp
+from streams_app.consuming.worker import EXIT_BURST_UNFINISHED, EXIT_CONFIG, Worker
 
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
 # More workers than this in one supervisor is a typo, not a plan: 100,000 forks took a host down.
 # Past it, run more supervisors (hosts, pods).
 MAX_POOL_SIZE = 256
+# --burst gives up after this long by default: a test's burst takes seconds; a handler feeding its own
+# stream, or a Redis that never answers, would otherwise hang the test run.
+BURST_TIMEOUT = 300.0
 
 
 def config_error(message):
@@ -44,9 +48,13 @@ class Command(DaemonCommand):
                             help="Seconds in-flight handlers get after SIGTERM (default STREAMS['SHUTDOWN_TIMEOUT']).")
         parser.add_argument("--burst", action="store_true",
                             help="Handle what the streams hold now (new entries, and pending ones due for takeover), "
-                                 "wait for those handlers, then exit 0 instead of waiting for more. For tests and "
-                                 "batch jobs; entries that failed and wait for a retry stay pending. One process "
+                                 "and what those handlers publish to the selected streams, wait for the handlers, "
+                                 "then exit 0 instead of waiting for more. For tests and batch jobs; entries that "
+                                 "failed and wait for a retry stay pending. Exits 4 with work left after "
+                                 "--burst-timeout, or when Redis is unreachable for 10 s. One process "
                                  "only (not with --workers), and not for ordered=True consumers.")
+        parser.add_argument("--burst-timeout", type=positive_float, default=None,
+                            help=f"With --burst: give up after this many seconds, exit 4 (default {BURST_TIMEOUT:g}).")
         pool = parser.add_argument_group("supervisor (worker pool)")
         pool.add_argument("--workers", type=positive_int,
                           help="Run a supervisor with this many worker processes (fixed; SIGTTIN/SIGTTOU add or remove one).")
@@ -89,6 +97,8 @@ class Command(DaemonCommand):
             specs = select(selectors)
         except ConsumerConfigError as exc:
             raise config_error(str(exc)) from None
+        if options["burst_timeout"] is not None and not options["burst"]:
+            raise config_error("--burst-timeout needs --burst.")
         if options["burst"]:
             if pooled:
                 raise config_error("--burst runs one process: leave out --workers/--min-workers/--max-workers.")
@@ -146,9 +156,11 @@ class Command(DaemonCommand):
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
                         shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
-                        burst=options["burst"])
+                        burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT)
         try:
             code = worker.run()
+        except BurstGaveUp as exc:
+            raise CommandError(str(exc), returncode=EXIT_BURST_UNFINISHED) from None
         except StreamsError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         if worker.stuck:
@@ -156,6 +168,8 @@ class Command(DaemonCommand):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+        if code == EXIT_BURST_UNFINISHED:
+            raise CommandError(worker.burst_left, returncode=code)
         if code:
             raise CommandError(f"consumer {worker.name} stopped after an error (exit {code}); see the log above.", returncode=code)
 

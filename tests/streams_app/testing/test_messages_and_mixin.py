@@ -53,3 +53,29 @@ class MixinTests(ShoalTestMixin, TestCase):
             self.assertEqual(len(self.published), 0)
         self.assertEqual(self.published.payloads("t.mixin"), ["two"])
         self.assertTrue(self.run_handlers(self.published.on("t.mixin"))[0].handled)
+
+
+@pytest.mark.parametrize("stream, error", [
+    ("", "stream name must be a non-empty string"),
+    ("a{b}", "must not contain '{' or '}'"),
+])
+def test_make_message_refuses_the_stream_names_publish_refuses(stream, error):
+    with pytest.raises(PublishError, match=error):
+        make_message({"a": 1}, stream=stream)
+
+
+@pytest.mark.parametrize("deliveries", [0, -3, True, 1.5])
+def test_make_message_refuses_a_delivery_count_below_1(deliveries):
+    with pytest.raises(ValueError, match=r"deliveries must be a whole number, 1 or more \(1 is the first delivery\)"):
+        make_message({"a": 1}, deliveries=deliveries)
+
+
+@pytest.mark.parametrize("entry_id", ["not-an-id", "0-0", "5", "5-", "-1-0", " 5-0", "5-0\n"])
+def test_make_message_refuses_an_id_that_is_not_an_entry_id(entry_id):
+    with pytest.raises(ValueError, match=r"id must be an entry id like '1700000000000-0'"):
+        make_message({"a": 1}, id=entry_id)
+
+
+def test_make_message_takes_a_real_entry_id_and_a_later_delivery():
+    message = make_message({"a": 1}, id="1700000000000-7", deliveries=3)
+    assert (message.id, message.deliveries) == ("1700000000000-7", 3)

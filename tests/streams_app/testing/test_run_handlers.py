@@ -176,3 +176,39 @@ def test_drain_stops_a_flow_that_publishes_forever():
         publish("t.loop", 1)
         with pytest.raises(RuntimeError, match="keep publishing"):
             drain(published, limit=5)
+
+
+def test_an_outer_drain_does_not_deliver_again_what_an_inner_drain_delivered():
+    seen = []
+    consumer("t.nest", group="g")(lambda m: (seen.append(m.payload), publish("t.nested", m.payload)))
+    consumer("t.nested", group="g")(lambda m: seen.append(("chained", m.payload)))
+    with capture_publishes() as outer:
+        publish("t.nest", 1)
+        with capture_publishes() as inner:
+            publish("t.nest", 2)
+            drain(inner)
+        assert seen == [2, ("chained", 2)]
+        report = drain(outer)
+    assert seen == [2, ("chained", 2), 1, ("chained", 1)]
+    assert [d.message.payload for d in report] == [1, 1]
+    assert outer.payloads("t.nest") == [1, 2]  # recorded all the same
+
+
+def test_idempotent_redis_outside_a_capture_keeps_its_marks_for_the_whole_call():
+    runs = []
+    consumer("t.idem", group="g", idempotent="redis")(lambda m: runs.append(m.id))
+    first, again = make_message(1, stream="t.idem", key="k"), make_message(1, stream="t.idem", key="k")
+    assert [d.status for d in run_handlers([first, again])] == [Status.HANDLED, Status.DUPLICATE]
+    # A later call outside a capture starts over (docs/testing.md): marks last one call, or the outermost capture.
+    assert [d.status for d in run_handlers(again)] == [Status.HANDLED]
+    assert len(runs) == 2
+
+
+def test_idempotent_redis_marks_last_one_drain_of_a_capture_that_ended():
+    runs = []
+    consumer("t.idem2", group="g", idempotent="redis")(lambda m: runs.append(m.payload))
+    with capture_publishes() as published:
+        publish("t.idem2", 1, key="k")
+        publish("t.idem2", 2, key="k")
+    assert [d.status for d in drain(published)] == [Status.HANDLED, Status.DUPLICATE]
+    assert runs == [1]
