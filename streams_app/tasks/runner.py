@@ -39,7 +39,10 @@ class Attempt:
         if not isinstance(self.backend, StreamsBackend):
             raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
         task = find_task(data["task"])
-        self.task = task.using(queue_name=data.get("queue") or task.queue_name, priority=data.get("priority") or 0)
+        queue, priority = data.get("queue") or task.queue_name, data.get("priority") or 0
+        # using() copies and validates the Task: only when the message says otherwise than the Task.
+        same = queue == task.queue_name and priority == task.priority
+        self.task = task if same else task.using(queue_name=queue, priority=priority)
         self.config = self.backend.config
         self.conn = get_connection()
 
