@@ -9,6 +9,8 @@ The public functions (stable: the admin and the metrics read results through the
   record, or None (nothing written) when the result does not exist.
 - ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
   READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
+- ``finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, ...)``: both in one
+  round trip (a handler thread going on to its chunk's next task; not on a cluster).
 - ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
 - ``many(conn, result_ids)``: the records of ``result_ids`` in one round trip, in order (None for each
   unknown, expired or malformed id).
@@ -89,14 +91,27 @@ def started(conn, result_id, worker_id, ttl):
 def finished(conn, result_id, status, ttl, return_value=None, error=None):
     """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
     ``error``, READY when it will be run again). Returns the record after the write."""
+    raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_value, error))
+    return _decode(result_id, _pairs(raw))
+
+
+def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_value=None,
+                          error=None):
+    """``finished`` of ``result_id``, then ``started`` of ``next_id``, in one round trip (not on a
+    cluster: the two keys are in different slots). Returns both records (the second may be None)."""
+    ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_value, error)
+    done, started_raw = scripts.run(conn, "task_next", [key(result_id), key(next_id)],
+                                    [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
+    return _decode(result_id, _pairs(done)), (_decode(next_id, _pairs(started_raw)) if started_raw else None)
+
+
+def _finish_args(status, ttl, return_value, error):
     fields = ["status", status]
     if status in ("SUCCESSFUL", "FAILED"):
         fields += ["finished_at", _now_iso()]
     if status == "SUCCESSFUL":
         fields += ["return_value", json.dumps(return_value)]
-    raw = scripts.run(conn, "task_finished", [key(result_id)],
-                      [ttl, json.dumps(error) if error is not None else "", *fields])
-    return _decode(result_id, _pairs(raw))
+    return [ttl, json.dumps(error) if error is not None else "", *fields]
 
 
 def _pairs(flat):
