@@ -90,6 +90,20 @@ class Chunk:
         self.result.acked.append(message.id)
         self.succeeded.append(message)
 
+    def end(self, handler):
+        """A handler that writes part of its effect per chunk (``handler.end_chunk()``, the task
+        runner's QueueHandler: a task's SUCCESSFUL result) writes it now, in the handler's thread and
+        before anything is acked. Each (message, exception) it returns is a failure, not an ack."""
+        end_chunk = getattr(handler, "end_chunk", None)
+        if end_chunk is None:
+            return
+        for message, exc in end_chunk():
+            if message.id in self.result.acked:
+                self.result.acked.remove(message.id)
+            if message in self.succeeded:
+                self.succeeded.remove(message)
+            self.failed(message, exc)
+
     def duplicate(self, message):
         logger.info("Consumer %s: entry %s of %s/%s is a duplicate; acked without running the handler",
                     message.consumer, message.id, message.stream, message.group)
@@ -160,7 +174,9 @@ def run_chunk_here(handler, messages, guard=None, budget=None):
     chunk = Chunk(messages, guard, budget)
     runnable = chunk.admit(chunk.runnable())
     if guard is None:
-        return chunk.close(_run_unguarded(handler, chunk, runnable))
+        left = _run_unguarded(handler, chunk, runnable)
+        chunk.end(handler)
+        return chunk.close(left)
     call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
@@ -177,6 +193,7 @@ def run_chunk_here(handler, messages, guard=None, budget=None):
             chunk.failed(message, exc)
         else:
             chunk.ran(message)
+    chunk.end(handler)
     chunk.end_guard()
     return chunk.close(left)
 

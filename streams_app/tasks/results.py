@@ -5,9 +5,12 @@ The public functions (stable: the admin and the metrics read results through the
 - ``key(result_id)``: the hash's key, ``shoal:task:{<id>}`` (the id is the cluster hash tag).
 - ``valid_id(result_id)``: whether ``result_id`` has the shape of an id this backend makes.
 - ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below).
-- ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the record.
+- ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the
+  record, or None (nothing written) when the result does not exist.
 - ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
   READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
+- ``finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, ...)``: both in one
+  round trip (a handler thread going on to its chunk's next task; not on a cluster).
 - ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
 - ``many(conn, result_ids)``: the records of ``result_ids`` in one round trip, in order (None for each
   unknown, expired or malformed id).
@@ -21,7 +24,8 @@ attempt) and ``return_value``.
 
 Each attempt is numbered by HINCRBY and writes its own field (``worker.<n>``, ``error.<n>``), so two
 workers running the same task (a takeover of a worker that was only slow) never lose each other's
-entries in the lists.
+entries in the lists. The start and the end of an attempt are one script each
+(streams_app/lua/task_started.lua, task_finished.lua): one round trip apiece, the runner's only ones.
 """
 import json
 import re
@@ -31,6 +35,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from shoal_common.text import to_text
+from streams_app import scripts
 
 _ID = re.compile(r"[A-Za-z0-9]{1,64}")
 _TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
@@ -77,35 +82,41 @@ def create(conn, record, ttl, pipeline=None):
 
 
 def started(conn, result_id, worker_id, ttl):
-    """RUNNING: count one more attempt by ``worker_id``; returns the record after the write."""
-    result_key = key(result_id)
-    attempt = conn.hincrby(result_key, "attempts", 1)
-    now = _now_iso()
-    pipe = conn.pipeline(transaction=True)
-    pipe.hset(result_key, mapping={"status": "RUNNING", "last_attempted_at": now, f"worker.{attempt}": worker_id})
-    pipe.hsetnx(result_key, "started_at", now)
-    pipe.expire(result_key, ttl)
-    pipe.hgetall(result_key)
-    return _decode(result_id, pipe.execute()[-1])
+    """RUNNING: count one more attempt by ``worker_id``; returns the record after the write, or None
+    (and writes nothing) when there is no result to start (not created yet, or expired)."""
+    raw = scripts.run(conn, "task_started", [key(result_id)], [worker_id, _now_iso(), ttl])
+    return _decode(result_id, _pairs(raw)) if raw else None
 
 
 def finished(conn, result_id, status, ttl, return_value=None, error=None):
     """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
     ``error``, READY when it will be run again). Returns the record after the write."""
-    result_key = key(result_id)
-    fields = {"status": status}
+    raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_value, error))
+    return _decode(result_id, _pairs(raw))
+
+
+def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_value=None,
+                          error=None):
+    """``finished`` of ``result_id``, then ``started`` of ``next_id``, in one round trip (not on a
+    cluster: the two keys are in different slots). Returns both records (the second may be None)."""
+    ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_value, error)
+    done, started_raw = scripts.run(conn, "task_next", [key(result_id), key(next_id)],
+                                    [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
+    return _decode(result_id, _pairs(done)), (_decode(next_id, _pairs(started_raw)) if started_raw else None)
+
+
+def _finish_args(status, ttl, return_value, error):
+    fields = ["status", status]
     if status in ("SUCCESSFUL", "FAILED"):
-        fields["finished_at"] = _now_iso()
+        fields += ["finished_at", _now_iso()]
     if status == "SUCCESSFUL":
-        fields["return_value"] = json.dumps(return_value)
-    if error is not None:
-        number = conn.hincrby(result_key, "errors", 1)
-        fields[f"error.{number}"] = json.dumps(error)
-    pipe = conn.pipeline(transaction=True)
-    pipe.hset(result_key, mapping=fields)
-    pipe.expire(result_key, ttl)
-    pipe.hgetall(result_key)
-    return _decode(result_id, pipe.execute()[-1])
+        fields += ["return_value", json.dumps(return_value)]
+    return [ttl, json.dumps(error) if error is not None else "", *fields]
+
+
+def _pairs(flat):
+    """A dict of HGETALL's flat reply, as a script returns it."""
+    return dict(zip(flat[::2], flat[1::2]))
 
 
 def get(conn, result_id):
@@ -131,7 +142,9 @@ def ids(conn, queue, limit=100):
 
 
 def _decode(result_id, raw):
-    fields = {to_text(name): to_text(value) for name, value in (raw or {}).items()}
+    # The runner decodes two records per task: one decode per field, not a to_text call per name and value.
+    fields = {(name.decode() if isinstance(name, bytes) else name): (value.decode() if isinstance(value, bytes) else value)
+              for name, value in (raw or {}).items()}
     if "task" not in fields or "status" not in fields:
         return None  # expired between two writes, or never created (only an attempt counter)
     record = {"id": result_id, "task": fields["task"], "backend": fields.get("backend", "default"),

@@ -12,13 +12,18 @@ fires, the function runs (sync tasks in a handler thread of the queue's consumer
 (then READY, and the consumer retries after its back-off); a FAILED task's message is dead-lettered,
 so ``replay`` runs it again. A worker killed mid-task leaves the entry pending: another consumer
 takes it over after PENDING_TIMEOUT_MS and runs it again, a second attempt.
+
+The sync consumer's handler is a QueueHandler: it writes a task's SUCCESSFUL in the same round trip as
+the start of the next task its thread runs, and the chunk's last one before the chunk is acked.
 """
 import asyncio
 import logging
+import threading
 import traceback
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 
+from shoal_common.redisconn import is_cluster
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.tasks import messages, results
@@ -39,14 +44,28 @@ class Attempt:
         if not isinstance(self.backend, StreamsBackend):
             raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
         task = find_task(data["task"])
-        self.task = task.using(queue_name=data.get("queue") or task.queue_name, priority=data.get("priority") or 0)
+        queue, priority = data.get("queue") or task.queue_name, data.get("priority") or 0
+        # using() copies and validates the Task: only when the message says otherwise than the Task.
+        same = queue == task.queue_name and priority == task.priority
+        self.task = task if same else task.using(queue_name=queue, priority=priority)
         self.config = self.backend.config
         self.conn = get_connection()
+        self.written = False  # a deferred SUCCESSFUL (QueueHandler): whether it has been written
 
-    def start(self):
-        """RUNNING, one more attempt; fires task_started. Returns the call's (args, kwargs)."""
+    def start(self, previous=None):
+        """RUNNING, one more attempt; fires task_started. Returns the call's (args, kwargs).
+
+        ``previous``: an Attempt of this thread that succeeded and whose SUCCESSFUL is not written
+        yet (QueueHandler): written first, in the same round trip."""
         data, ttl = self.data, self.config["RESULT_TTL"]
-        self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        if previous is None:
+            self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        else:
+            done, self.record = results.finished_then_started(
+                self.conn, previous.data["id"], "SUCCESSFUL", previous.config["RESULT_TTL"], data["id"],
+                self.message.consumer, ttl, return_value=previous.value)
+            previous.written = True
+            previous.announce(done)
         if self.record is None:  # an outbox enqueue (READY written after the commit) or an expired result
             results.create(self.conn, {**{name: data.get(name) for name in (
                 "id", "task", "backend", "queue", "priority", "takes_context", "args", "kwargs")},
@@ -57,11 +76,22 @@ class Attempt:
         args = [TaskContext(task_result=result), *data["args"]] if self.task.takes_context else data["args"]
         return args, data["kwargs"]
 
-    def succeeded(self, value):
-        value = normalize_json(value)  # TypeError/ValueError for a return value that is not JSON: a failure
-        record = results.finished(self.conn, self.data["id"], "SUCCESSFUL", self.config["RESULT_TTL"],
-                                  return_value=value)
-        task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+    def succeeded(self, value, defer=False):
+        """SUCCESSFUL with ``value``; with ``defer``, only checked now (a return value that is not
+        JSON is this attempt's failure) and written by the thread's next start or end_chunk."""
+        self.value = normalize_json(value)  # TypeError/ValueError for a return value that is not JSON: a failure
+        if defer:
+            return
+        self.announce(results.finished(self.conn, self.data["id"], "SUCCESSFUL", self.config["RESULT_TTL"],
+                                       return_value=self.value))
+
+    def announce(self, record):
+        """task_finished of the SUCCESSFUL ``record``, once written. A receiver's raise is logged: the
+        task succeeded, and when its write was deferred the code running now is another task's."""
+        try:
+            task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+        except Exception:
+            logger.exception("task_finished receiver failed for task %s (result %s)", self.data["task"], self.data["id"])
 
     def failed(self, exc):
         """Record the error; returns the exception for the consumer to raise: ``exc`` itself when the
@@ -78,15 +108,23 @@ class Attempt:
         return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
 
 
-def run_message(alias, message):
-    """The handler of a queue's sync consumer (``tasks:Q``, in a handler thread)."""
+def run_message(alias, message, handler=None):
+    """The handler of a queue's sync consumer (``tasks:Q``, in a handler thread). ``handler``: the
+    QueueHandler calling it, which writes a success with the thread's next start."""
     attempt = Attempt(alias, message)
-    args, kwargs = attempt.start()
+    defer = handler is not None and handler.defers(attempt)
+    previous = handler.take() if handler is not None else None
+    try:
+        args, kwargs = attempt.start(previous)
+    except Exception as exc:
+        if previous is not None and not previous.written:
+            handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
+        raise
     func = attempt.task.func
     try:
         # An async task here was enqueued before its function became async: run it all the same.
         value = async_to_sync(func)(*args, **kwargs) if iscoroutinefunction(func) else func(*args, **kwargs)
-        attempt.succeeded(value)
+        attempt.succeeded(value, defer=defer)
     except RejectMessage:
         raise
     except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
@@ -94,6 +132,56 @@ def run_message(alias, message):
         if outcome is exc:
             raise
         raise outcome from exc
+    if defer:
+        handler.put(attempt)
+
+
+class QueueHandler:
+    """The handler streams_app.tasks.setup registers for a queue's sync consumer: ``run_message``,
+    with one round trip per task instead of two. A success's SUCCESSFUL is written together with
+    the start of the next task this handler thread runs (results.finished_then_started), or by
+    ``end_chunk``, which run_chunk calls in the same thread once the chunk's messages ran, before
+    they are acked: a result is SUCCESSFUL only once its task ran, and written before its ack.
+
+    Not deferred: on a cluster (the two results are in different slots), and under an idempotency
+    guard (a guard marks the entry done at the chunk's end, or in the task's own transaction,
+    which must not come before its SUCCESSFUL is written).
+    """
+
+    def __init__(self, alias):
+        self.alias = alias
+        self.local = threading.local()  # per handler thread: .pending, the success not yet written
+
+    def __call__(self, message):
+        return run_message(self.alias, message, self)
+
+    def defers(self, attempt):
+        return attempt.config["IDEMPOTENT"] is None and not is_cluster(attempt.conn)
+
+    def put(self, attempt):
+        self.local.pending = attempt
+
+    def lose(self, attempt, exc):
+        self.local.lost = [*getattr(self.local, "lost", []), (attempt.message, exc)]
+
+    def take(self):
+        pending, self.local.pending = getattr(self.local, "pending", None), None
+        return pending
+
+    def end_chunk(self):
+        """Write this thread's last success of the chunk. Returns [(message, exception)] of the
+        entries whose SUCCESSFUL could not be written: not to be acked (their task runs again)."""
+        lost, self.local.lost = getattr(self.local, "lost", []), []
+        pending = self.take()
+        if pending is None:
+            return lost
+        try:
+            record = results.finished(pending.conn, pending.data["id"], "SUCCESSFUL", pending.config["RESULT_TTL"],
+                                      return_value=pending.value)
+        except Exception as exc:  # noqa: BLE001 -- Redis refused or went away: the entry stays pending
+            return [*lost, (pending.message, exc)]
+        pending.announce(record)
+        return lost
 
 
 async def run_message_async(alias, message):

@@ -32,7 +32,7 @@ def install():
     if not backends:
         return
     try:
-        from streams_app.tasks.runner import run_message, run_message_async
+        from streams_app.tasks.runner import QueueHandler, run_message_async
     except ImportError as exc:
         raise ImproperlyConfigured(
             f"TASKS names {BACKEND_PATH}, but Django's Tasks API is missing ({exc}): Django 6 has django.tasks; "
@@ -41,7 +41,7 @@ def install():
         config = options.merged(params.get("OPTIONS"))
         for queue in queues(params):
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
-                     bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(functools.partial(run_message, alias))
+                     bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(QueueHandler(alias))
             # async def tasks on the worker's event loop; the "db" guard needs a sync handler's transaction.
             consumer(messages.async_stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent="redis" if config["IDEMPOTENT"] else None,

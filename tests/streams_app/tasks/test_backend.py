@@ -72,6 +72,28 @@ def test_a_raise_is_retried_while_max_retries_allows_then_failed_with_every_erro
     assert [status for signal, status in signals if signal is task_finished] == ["FAILED"]
 
 
+def test_two_overlapping_attempts_keep_both_workers_and_both_errors(jobs, redis):
+    """A takeover of a worker that was only slow: both run the task, neither's entry is lost."""
+    result = jobs.add.enqueue(1, 2)
+    first = results.started(redis, result.id, "worker-1", 60)
+    second = results.started(redis, result.id, "worker-2", 60)
+    assert first["worker_ids"] == ["worker-1"] and second["worker_ids"] == ["worker-1", "worker-2"]
+    assert second["started_at"] == first["started_at"] and second["status"] == "RUNNING"
+    results.finished(redis, result.id, "READY", 60, error={"exception_class_path": "a.A", "traceback": "1"})
+    done = results.finished(redis, result.id, "FAILED", 60, error={"exception_class_path": "b.B", "traceback": "2"})
+    assert [e["exception_class_path"] for e in done["errors"]] == ["a.A", "b.B"]
+    assert done["status"] == "FAILED" and done["finished_at"] is not None and done["return_value"] is None
+    stored = jobs.add.get_result(result.id)
+    assert (stored.attempts, stored.worker_ids) == (2, ["worker-1", "worker-2"])
+
+
+def test_starting_a_result_that_does_not_exist_writes_nothing(redis):
+    """An outbox task read before its READY was written: the runner creates the result, then starts
+    it; the start itself leaves no stray attempt counter behind."""
+    assert results.started(redis, "missing0", "worker-1", 60) is None
+    assert not redis.exists(results.key("missing0"))
+
+
 def test_the_result_ttl_option_is_the_results_lifetime(jobs, redis, settings):
     settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"RESULT_TTL": 60}}}
     result = jobs.add.enqueue(1, 2)
