@@ -35,7 +35,10 @@ OUT = Path(os.environ.get("SHOP_OUT", "."))
 
 @consumer("orders", group="shipping")
 def ship(message):
-    (OUT / f"shipped-{message.payload['order_id']}.json").write_text(json.dumps(message.payload))
+    # Written aside, then renamed: the test waits for the file and must never read it half-written.
+    path = OUT / f"shipped-{message.payload['order_id']}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(message.payload))
+    os.replace(path.with_suffix(".tmp"), path)
 
 
 @consumer("orders", group="audit", max_deliveries=1)
