@@ -1,6 +1,13 @@
 """Django's Tasks framework on Shoal: ``TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend"}}``
 (docs/tasks.md). The backend is imported lazily, so projects without django.tasks or the django-tasks
 backport can import streams_app.tasks.setup."""
+from importlib.util import find_spec
+
+
+def api_available():
+    """Whether Django's Tasks API can be imported: django.tasks (Django 6) or the django-tasks backport
+    (Django 5.2, the ``tasks`` extra). Without it a project still runs Shoal; only Tasks are off."""
+    return find_spec("django.tasks") is not None or find_spec("django_tasks") is not None
 
 
 def __getattr__(name):

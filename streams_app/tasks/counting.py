@@ -6,11 +6,10 @@ With OPTIONS["OUTBOX"] an enqueue is counted when the caller's transaction commi
 one published nothing, so it is not counted either. Without django.tasks or the backport nothing is
 connected (a project that does not use Tasks needs neither).
 """
-from importlib.util import find_spec
-
 from django.db import transaction
 
 from streams_app.metrics import tasks as counters
+from streams_app.tasks import api_available
 
 _FINISHED = {"SUCCESSFUL": counters.succeeded, "FAILED": counters.failed}
 
@@ -51,7 +50,7 @@ def on_finished(sender, task_result, **kwargs):
 
 def connect():
     """Connect the receivers (at app ready; idempotent: Django's dispatch_uid)."""
-    if find_spec("django.tasks") is None and find_spec("django_tasks") is None:
+    if not api_available():
         return
     from streams_app.tasks.api import task_enqueued, task_finished, task_started
 
