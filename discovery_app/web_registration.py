@@ -22,6 +22,7 @@ import queue
 import signal
 import ssl
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -39,6 +40,22 @@ def _wait_for_eof(done):
     except OSError:
         pass
     done.put("eof")
+
+
+def _say_off(path):
+    """/readyz shows the supervisor's status file: say "off" there (the supervisor wrote "running" when it
+    started this process and writes again only when the process dies or the master stops)."""
+    if not path:
+        return
+    try:
+        directory, name = os.path.split(path)
+        fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp", dir=directory or ".")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"state": "off", "pid": os.getpid(), "restarts": 0, "since": time.time(),
+                       "why": "discovery_app is not in INSTALLED_APPS"}, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("Web registration: could not write its state to %s (%s)", path, exc)
 
 
 PROBE_TIMEOUT = 3.0  # /readyz itself answers within READYZ_TIMEOUT (1 s)
@@ -85,12 +102,6 @@ def main(argv):
     from django.apps import apps
     from django.conf import settings
 
-    from shoal_common.web_supervision import NOT_WANTED
-
-    if not apps.is_installed("discovery_app"):
-        # install.md: "leave out discovery_app if you use no registry". The package ships in the same
-        # wheel as streams_app, so the master (which imports no app code) cannot tell; this process can.
-        return NOT_WANTED
 
     from discovery_app.registrar import Registrar
 
@@ -98,6 +109,15 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: done.put(signum))
     threading.Thread(target=_wait_for_eof, args=(done,), daemon=True).start()
+    if not apps.is_installed("discovery_app"):
+        # install.md: "leave out discovery_app if you use no registry". The package ships in the same wheel
+        # as streams_app, so the master (which imports no app code) cannot tell; this process can. It idles
+        # until the master stops rather than exiting: gunicorn's arbiter reaps any child of the master, so an
+        # exit code saying "not wanted" could be lost, and the supervisor would take it for a crash.
+        logger.info("Web registration off: discovery_app is not in INSTALLED_APPS")
+        _say_off(os.environ.get("SHOAL_WEB_REGISTRATION_STATUS"))
+        done.get()
+        return 0
     host = f"[{address}]" if ":" in address else address
     readyz = f"{metadata.get('scheme', 'http')}://{host}:{port}/readyz"
     # Registered only once a worker answers /readyz: the master listens long before a worker has

@@ -25,11 +25,6 @@ import threading
 import time
 
 STATUS_ENV = "SHOAL_WEB_REGISTRATION_STATUS"
-
-NOT_WANTED = 5
-"""The registration process's exit code when the project does not use discovery (``discovery_app``
-is not in INSTALLED_APPS, although the package, shipped in the same wheel, is importable): the
-supervisor does not restart it."""
 """Environment variable naming the JSON file where the supervisor writes the registration
 process's state, for /readyz (workers inherit the variable from the master)."""
 
@@ -142,13 +137,8 @@ class RegistrationSupervisor:
             if signum is not False:
                 self.handle_stop_signal(signum)
                 return
-            code = self.process.poll()
-            if code is None:
+            if self.process.poll() is None:
                 continue
-            if code == NOT_WANTED:
-                self.log.info("Discovery registration off: discovery_app is not in INSTALLED_APPS.")
-                self._write_status("off")
-                return
             delay = self.handle_death(delay)
 
     def handle_stop_signal(self, signum):

@@ -19,7 +19,7 @@ own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (defaul
 WEB_ADVERTISE_ADDRESS (address registered in discovery when bound to 0.0.0.0; default: the interface of
 the default route, never a loopback address), SHOAL_VAR_DIR (default: var/ in the working directory).
 Discovery registration runs only when discovery_app is in INSTALLED_APPS (a process of its own, ``python -m
-discovery_app.web_registration``, which exits at once, not to be restarted, when it is not).
+discovery_app.web_registration``, which registers nothing and idles when it is not).
 """
 import json
 import os

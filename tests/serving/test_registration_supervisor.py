@@ -3,10 +3,12 @@ file is written from two threads (the supervisor's and the master's exit hook), 
 raises (it once did, FileNotFoundError on the shared temp file, and a halting master exited 1, not 3)."""
 import json
 import logging
+import os
 import sys
 import threading
 
-from shoal_common.web_supervision import RegistrationSupervisor
+from shoal_common.web_supervision import STATUS_ENV, RegistrationSupervisor
+from tests.waiting import wait_for
 
 # A registration process that lives until its stdin closes, as the real one does.
 UNTIL_EOF = [sys.executable, "-c", "import sys; sys.stdin.read()"]
@@ -59,26 +61,30 @@ def test_stop_never_raises_when_the_status_file_cannot_be_written(tmp_path, capl
     assert "could not write" in caplog.text
 
 
+
 def test_a_project_without_discovery_app_gets_no_registration_and_no_restarts(tmp_path):
-    # install.md: "leave out discovery_app if you use no registry". The package is importable (same wheel),
-    # so the master starts the registration process, which finds it is not installed and says so by its exit code.
-    from django.conf import settings
-    from django.test import override_settings
-
-    from discovery_app import web_registration
-    from shoal_common.web_supervision import NOT_WANTED
-
-    apps = [app for app in settings.INSTALLED_APPS if not app.startswith("discovery_app")]
-    with override_settings(INSTALLED_APPS=apps):
-        assert web_registration.main(["127.0.0.1", "1"]) == NOT_WANTED
-
+    # install.md: "leave out discovery_app if you use no registry". The package is importable (same wheel), so
+    # the master starts the registration process; it finds discovery_app not installed, says "off" and idles.
+    settings = tmp_path / "no_discovery_settings.py"
+    settings.write_text("from tests.settings import *  # noqa\n"
+                        "INSTALLED_APPS = [app for app in INSTALLED_APPS if app != 'discovery_app']\n")
     status = tmp_path / "web_registration.json"
-    exits_not_wanted = [sys.executable, "-c", f"import sys; sys.exit({NOT_WANTED})"]
-    supervisor = RegistrationSupervisor(exits_not_wanted, str(tmp_path), log, str(status)).start()
-    supervisor._thread.join(30)
+    argv = [sys.executable, "-m", "discovery_app.web_registration", "127.0.0.1", "1", "{}", "web-test"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()]),
+           "DJANGO_SETTINGS_MODULE": "no_discovery_settings", STATUS_ENV: str(status)}
+    supervisor = RegistrationSupervisor(argv, os.getcwd(), log, str(status))
+    old_env = dict(os.environ)
+    os.environ.update(env)  # Popen inherits the master's environment, as under gunicorn
     try:
-        assert not supervisor._thread.is_alive()
+        supervisor.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(old_env)
+    try:
+        wait_for(lambda: status.exists() and json.loads(status.read_text())["state"] == "off", timeout=60,
+                 what="the registration process says off")
+        assert supervisor.process.poll() is None  # idles: nothing to restart, no exit code to lose
         assert supervisor.restarts == 0
-        assert json.loads(status.read_text())["state"] == "off"
     finally:
         supervisor.stop()
+    assert supervisor.process.returncode == 0
