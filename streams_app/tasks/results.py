@@ -90,19 +90,21 @@ def started(conn, result_id, worker_id, ttl):
 
 def finished(conn, result_id, status, ttl, return_value=None, error=None):
     """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
-    ``error``, READY when it will be run again). Returns the record after the write."""
+    ``error``, READY when it will be run again). Returns the record after the write, or None (and
+    writes nothing) when the result is gone: expired, or Redis lost its data while the task ran."""
     raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_value, error))
-    return _decode(result_id, _pairs(raw))
+    return _decode(result_id, _pairs(raw)) if raw else None
 
 
 def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_value=None,
                           error=None):
     """``finished`` of ``result_id``, then ``started`` of ``next_id``, in one round trip (not on a
-    cluster: the two keys are in different slots). Returns both records (the second may be None)."""
+    cluster: the two keys are in different slots). Returns both records (either may be None)."""
     ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_value, error)
     done, started_raw = scripts.run(conn, "task_next", [key(result_id), key(next_id)],
                                     [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
-    return _decode(result_id, _pairs(done)), (_decode(next_id, _pairs(started_raw)) if started_raw else None)
+    return (_decode(result_id, _pairs(done)) if done else None,
+            _decode(next_id, _pairs(started_raw)) if started_raw else None)
 
 
 def _finish_args(status, ttl, return_value, error):

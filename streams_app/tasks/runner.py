@@ -23,7 +23,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from shoal_common.redisconn import is_cluster
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.tasks import messages, results
+from streams_app.tasks import messages, refusals, results
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.api import TaskContext, normalize_json, task_backends, task_finished, task_started
@@ -36,11 +36,15 @@ class Attempt:
 
     def __init__(self, alias, message):
         self.message = message
-        self.data = data = messages.parse(message.payload)
-        self.backend = task_backends[data.get("backend") or alias]
-        if not isinstance(self.backend, StreamsBackend):
-            raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
-        task = find_task(data["task"])
+        try:
+            self.data = data = messages.parse(message.payload)
+            self.backend = task_backends[data.get("backend") or alias]
+            if not isinstance(self.backend, StreamsBackend):
+                raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
+            task = find_task(data["task"])
+        except RejectMessage as exc:
+            refusals.refuse(alias, message.payload, exc)  # its result FAILED, not READY until it expires
+            raise
         queue, priority = data.get("queue") or task.queue_name, data.get("priority") or 0
         # using() copies and validates the Task: only when the message says otherwise than the Task.
         same = queue == task.queue_name and priority == task.priority

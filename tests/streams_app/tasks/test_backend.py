@@ -8,7 +8,7 @@ from asgiref.sync import async_to_sync
 
 from streams_app.exceptions import RejectMessage
 from streams_app.message import Message
-from streams_app.tasks import results
+from streams_app.tasks import refusals, results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
 from streams_app.tasks.runner import run_message, run_message_async
@@ -198,3 +198,28 @@ def test_the_async_handler_awaits_async_tasks_and_records_a_failure_as_the_sync_
         async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
     done = jobs.fail.get_result(failing.id)
     assert done.status == "FAILED" and done.errors[0].exception_class_path == "builtins.ValueError"
+
+
+def test_a_refused_task_ends_its_result_failed_with_the_reason_logged_once_per_reason(jobs, redis, caplog,
+                                                                                      monkeypatch):
+    """A task renamed (or moved out of the installed apps) after its enqueue: the result does not stay
+    READY until RESULT_TTL, so a poll of it ends."""
+    monkeypatch.setattr(refusals, "_logged", set())  # what this process logged before
+    refused = []
+    for path in ("tests.testapp.tasks.renamed_since", "tests.testapp.tasks.renamed_since", "mysite.projtasks.proj"):
+        result = jobs.add.enqueue(1, 2)
+        payload = json.loads(redis.xrange("tasks:default")[-1][1]["payload"])
+        redis.xadd("tasks:default", {"payload": json.dumps({**payload, "task": path})})
+        with caplog.at_level("ERROR", logger="streams_app.tasks"), pytest.raises(RejectMessage):
+            run_message("default", delivered(redis))
+        refused.append(jobs.add.get_result(result.id))
+    for done in refused:
+        assert (done.status, done.attempts) == ("FAILED", 0)
+        assert done.finished_at is not None and done.is_finished
+        [error] = done.errors
+        assert error.exception_class_path == "streams_app.tasks.lookup.TaskRefused"
+        assert error.exception_class.__name__ == "TaskRefused"
+    assert "renamed_since' is nothing, not a Django Task" in refused[0].errors[0].traceback
+    assert "not in an imported module or an installed app" in refused[2].errors[0].traceback
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Refused a task message")]
+    assert len(lines) == 2 and "renamed_since" in lines[0] and "mysite.projtasks" in lines[1]
