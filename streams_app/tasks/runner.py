@@ -89,6 +89,9 @@ class Attempt:
     def announce(self, record):
         """task_finished of the SUCCESSFUL ``record``, once written. A receiver's raise is logged: the
         task succeeded, and when its write was deferred the code running now is another task's."""
+        if record is None:
+            lost(self, "SUCCESSFUL")
+            return
         try:
             task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
         except Exception:
@@ -103,10 +106,20 @@ class Attempt:
         again = len(self.record["errors"]) < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
         record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
                                   error=error)
+        if record is None:
+            lost(self, "READY" if again else "FAILED")
         if again:
             return exc
-        task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+        if record is not None:
+            task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
         return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
+
+
+def lost(attempt, status):
+    """The attempt's result hash is gone (expired, or Redis lost its data mid-task): its end is not
+    written (task_finished.lua writes nothing there), and this line says so."""
+    logger.warning("The result %s of task %s is gone from Redis (expired, or Redis lost its data while the task "
+                   "ran): its end (%s) was not recorded", attempt.data["id"], attempt.data["task"], status)
 
 
 def run_message(alias, message, handler=None):

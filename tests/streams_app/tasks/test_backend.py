@@ -11,7 +11,7 @@ from streams_app.message import Message
 from streams_app.tasks import refusals, results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
-from streams_app.tasks.runner import run_message, run_message_async
+from streams_app.tasks.runner import QueueHandler, run_message, run_message_async
 from tests import tasks_settings
 
 pytestmark = pytest.mark.both_redis
@@ -223,3 +223,23 @@ def test_a_refused_task_ends_its_result_failed_with_the_reason_logged_once_per_r
     assert "not in an imported module or an installed app" in refused[2].errors[0].traceback
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Refused a task message")]
     assert len(lines) == 2 and "renamed_since" in lines[0] and "mysite.projtasks" in lines[1]
+
+
+@pytest.mark.parametrize("outcome", ["done", "raise"])
+@pytest.mark.parametrize("deferred", [False, True], ids=["written-at-once", "written-with-the-next"])
+def test_a_result_lost_mid_task_is_not_rewritten_half_filled(jobs, redis, caplog, outcome, deferred):
+    """Redis lost its data while the task ran (FLUSHALL, a restart without persistence): its end is
+    one clear line, no TypeError, and no hash without id, task or enqueued_at left for RESULT_TTL."""
+    result = jobs.flush_then.enqueue(outcome)
+    handler = QueueHandler("default") if deferred else None
+    with caplog.at_level("WARNING", logger="streams_app.tasks"):
+        if outcome == "raise":
+            with pytest.raises(RejectMessage, match="after the flush"):
+                run_message("default", delivered(redis), handler)
+        else:
+            run_message("default", delivered(redis), handler)
+            if handler is not None:
+                assert handler.end_chunk() == []
+    assert not redis.exists(results.key(result.id))
+    [line] = [r.getMessage() for r in caplog.records if "is gone from Redis" in r.getMessage()]
+    assert result.id in line and ("SUCCESSFUL" if outcome == "done" else "FAILED") in line
