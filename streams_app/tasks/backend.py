@@ -10,6 +10,7 @@ The consumers of the queues are declared by streams_app.tasks.setup and run by `
 from datetime import timedelta
 
 from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -37,6 +38,11 @@ class StreamsBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias, params):
+        if not options.valid_queues(params):
+            # Django would take a string as its letters: a task of queue "emails" would then fail to
+            # import with "Queue 'emails' is not valid", far from the setting that is wrong.
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must be a non-empty list of queue names, not "
+                                       f"{params.get('QUEUES')!r} (streams_app.E062; see docs/tasks.md, \"Settings\").")
         super().__init__(alias, params)
         self.config = options.merged(self.options)
 
