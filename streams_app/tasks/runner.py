@@ -12,6 +12,9 @@ fires, the function runs (sync tasks in a handler thread of the queue's consumer
 (then READY, and the consumer retries after its back-off); a FAILED task's message is dead-lettered,
 so ``replay`` runs it again. A worker killed mid-task leaves the entry pending: another consumer
 takes it over after PENDING_TIMEOUT_MS and runs it again, a second attempt.
+
+The sync consumer's handler is a QueueHandler: it writes a task's SUCCESSFUL in the same round trip as
+the start of the next task its thread runs, and the chunk's last one before the chunk is acked.
 """
 import asyncio
 import logging
