@@ -7,6 +7,7 @@ With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox ins
 published only if the caller's transaction commits (and its READY result is written then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
+import json
 from datetime import timedelta
 
 from asgiref.sync import iscoroutinefunction
@@ -66,6 +67,7 @@ class StreamsBackend(BaseTaskBackend):
             started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
             backend=self.alias, errors=[], worker_ids=[],
         )
+        _finite(result.args, result.kwargs)
         payload = messages.payload(result)
         record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
                                                       "args", "kwargs")},
@@ -83,7 +85,7 @@ class StreamsBackend(BaseTaskBackend):
             try:
                 publish(stream, payload, key=result.id, run_after=task.run_after)
             except BaseException:
-                conn.delete(results.key(result.id))  # nothing was published: no result that never runs
+                results.discard(conn, result.id, task.queue_name)  # nothing was published: no result that never runs
                 raise
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -98,6 +100,15 @@ class StreamsBackend(BaseTaskBackend):
                                          f"({type(exc).__name__}: {exc}).") from exc
         raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
                                      f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
+
+
+def _finite(args, kwargs):
+    """ValueError for NaN or infinity in the arguments, as Django's normalisation raises for bytes that
+    are not text: JSON has no such numbers (the publish would refuse them later, as a PublishError)."""
+    try:
+        json.dumps([args, kwargs], allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"Task arguments must be JSON, which has no NaN or infinity: {args!r}, {kwargs!r}") from exc
 
 
 def to_task_result(record, task=None):

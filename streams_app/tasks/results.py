@@ -5,6 +5,7 @@ The public functions (stable: the admin and the metrics read results through the
 - ``key(result_id)``: the hash's key, ``shoal:task:{<id>}`` (the id is the cluster hash tag).
 - ``valid_id(result_id)``: whether ``result_id`` has the shape of an id this backend makes.
 - ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below).
+- ``discard(conn, result_id, queue)``: remove it again, and its id from the queue's index.
 - ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the
   record, or None (nothing written) when the result does not exist.
 - ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
@@ -79,6 +80,14 @@ def create(conn, record, ttl, pipeline=None):
     pipe.expire(index_key(record["queue"]), ttl)
     if pipeline is None:
         pipe.execute()
+
+
+def discard(conn, result_id, queue):
+    """Undo ``create``: the READY result and its id in the queue's index (an enqueue whose publish failed)."""
+    pipe = conn.pipeline(transaction=False)
+    pipe.delete(key(result_id))
+    pipe.zrem(index_key(queue), result_id)
+    pipe.execute()
 
 
 def started(conn, result_id, worker_id, ttl):
