@@ -4,7 +4,8 @@
 here, and nothing is written), writes a READY result and publishes the message to the queue's
 stream (streams_app.tasks.messages); ``run_after`` defers it with ``publish(..., run_after=)``.
 With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox instead, so it is
-published only if the caller's transaction commits (and its READY result is written then too).
+published only if the caller's transaction commits (and its READY result is written, and
+``task_enqueued`` sent, then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
 import json
@@ -79,14 +80,16 @@ class StreamsBackend(BaseTaskBackend):
             publish(stream, payload, key=result.id, outbox=True, using=using, run_after=task.run_after)
             # The READY result is written once the row is committed: a rolled-back enqueue leaves none.
             transaction.on_commit(lambda: results.create(get_connection(), record, ttl), using=using)
-        else:
-            conn = get_connection()
-            results.create(conn, record, ttl)
-            try:
-                publish(stream, payload, key=result.id, run_after=task.run_after)
-            except BaseException:
-                results.discard(conn, result.id, task.queue_name)  # nothing was published: no result that never runs
-                raise
+            # task_enqueued too: a rolled-back enqueue is no task, and a listener must not count it.
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            return result
+        conn = get_connection()
+        results.create(conn, record, ttl)
+        try:
+            publish(stream, payload, key=result.id, run_after=task.run_after)
+        except BaseException:
+            results.discard(conn, result.id, task.queue_name)  # nothing was published: no result that never runs
+            raise
         task_enqueued.send(type(self), task_result=result)
         return result
 
