@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from shoal_common import early_signals, logformat
-from streams_app import broadcast, partitions
+from streams_app import broadcast, partitions, registry
 
 from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
@@ -98,7 +98,7 @@ class Worker:
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
-                    ", ".join(s.name for s in self.specs), self.threads,
+                    ", ".join(registry.selectors(self.specs)), self.threads,
                     f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
         while self.alive():
             if self.heartbeat is not None:

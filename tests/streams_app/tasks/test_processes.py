@@ -178,3 +178,23 @@ def test_replaying_a_failed_tasks_dead_letter_runs_it_again_as_a_second_attempt(
     done = wait_for(lambda: len(jobs.fail.get_result(result.id).errors) == 2 and jobs.fail.get_result(result.id),
                     timeout=60, what="the second attempt failed too")
     assert done.status == "FAILED" and done.attempts == 2
+
+
+def test_a_queue_named_without_its_group_is_refused_naming_both_of_its_selectors(run_workers):
+    """``runconsumer tasks:emails``, the guess of Celery's ``-Q emails``; a band alone likewise."""
+    proc = run_workers("tasks:emails")
+    assert proc.wait(60) == 3, proc.output()
+    assert "for 'tasks:emails' select tasks:emails:workers tasks:emails:async:workers" in proc.output()
+    proc = run_workers("tasks:emails:high:workers")
+    assert proc.wait(60) == 3, proc.output()
+    assert "'tasks:emails:high' is a priority band of tasks:emails:workers" in proc.output()
+
+
+def test_the_start_up_line_names_selectors_not_the_bands_streams(run_workers):
+    proc = run_workers("tasks:emails:workers")
+    proc.wait_for_output("started (")
+    [line] = [line for line in proc.output().splitlines() if "started (" in line]
+    assert "started (tasks:emails:workers (bands tasks:emails:high, tasks:emails, tasks:emails:low);" in line
+    assert "tasks:emails:high:workers" not in line
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
