@@ -79,15 +79,18 @@ def execute_from_command_line(argv=None):
 
 def _task_declaration(exc):
     """"file:line" of the @task declaration ``exc`` (Django's InvalidTaskError) was raised for while its
-    module was imported; None for any other exception (a traceback, as ever)."""
+    module was imported (InvalidTask on Django 6, InvalidTaskError in the backport); None for any other
+    exception (a traceback, as ever)."""
+    import os
     import traceback
 
-    if type(exc).__name__ != "InvalidTaskError" or type(exc).__module__ not in (
+    if type(exc).__name__ not in ("InvalidTask", "InvalidTaskError") or type(exc).__module__ not in (
             "django.tasks.exceptions", "django_tasks.exceptions"):
         return None
     frames = traceback.extract_tb(exc.__traceback__)
     if not any(frame.filename.startswith("<frozen importlib") for frame in frames):
         return None  # raised by a call, not by an import: the caller's own error
-    ours = [frame for frame in frames if not frame.filename.startswith("<")
-            and not any(part in frame.filename for part in ("/django/", "/django_tasks/", "/streams_app/"))]
+    packages = tuple(os.path.dirname(sys.modules[name].__file__) + os.sep
+                     for name in ("django", "django_tasks", "streams_app") if name in sys.modules)
+    ours = [frame for frame in frames if not frame.filename.startswith(("<", *packages))]
     return f"{ours[-1].filename}:{ours[-1].lineno}" if ours else "an imported module"
