@@ -9,7 +9,7 @@
 
 What it adds to Django's:
 - a configuration error found while Django starts (an invalid ``@consumer`` or a failing import in a
-  consumers.py, a bad setting) is one line on stderr and exit 3 (the exit-code table of
+  consumers.py, a bad setting, a ``@task`` its backend refuses as its module is imported) is one line on stderr and exit 3 (the exit-code table of
   docs/operations.md), not a traceback and exit 1, which a service manager would restart in a loop;
 - ``runconsumer`` honours a TERM that arrives while Django starts (shoal_common.early_signals), and a
   supervisor (``--workers``/``--min-workers``/``--max-workers``) is neither killed by HUP nor stopped by
@@ -66,3 +66,31 @@ def execute_from_command_line(argv=None):
         # any command runs: say what it is, without a traceback.
         sys.stderr.write(f"Configuration error: {exc}\n")
         sys.exit(EXIT_CONFIG)
+    except Exception as exc:
+        where = _task_declaration(exc)
+        if where is None:
+            raise
+        # A @task its backend refuses (an unknown queue_name, a bad priority) raises while its module
+        # is imported, often by the URL check (urls -> views -> tasks): the declaration, in one line.
+        sys.stderr.write(f"Configuration error: the @task at {where} is refused by its backend: {exc} "
+                         "(a task's queue_name must be in its backend's TASKS QUEUES; docs/tasks.md)\n")
+        sys.exit(EXIT_CONFIG)
+
+
+def _task_declaration(exc):
+    """"file:line" of the @task declaration ``exc`` (Django's InvalidTaskError) was raised for while its
+    module was imported (InvalidTask on Django 6, InvalidTaskError in the backport); None for any other
+    exception (a traceback, as ever)."""
+    import os
+    import traceback
+
+    if type(exc).__name__ not in ("InvalidTask", "InvalidTaskError") or type(exc).__module__ not in (
+            "django.tasks.exceptions", "django_tasks.exceptions"):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not any(frame.filename.startswith("<frozen importlib") for frame in frames):
+        return None  # raised by a call, not by an import: the caller's own error
+    packages = tuple(os.path.dirname(sys.modules[name].__file__) + os.sep
+                     for name in ("django", "django_tasks", "streams_app") if name in sys.modules)
+    ours = [frame for frame in frames if not frame.filename.startswith(("<", *packages))]
+    return f"{ours[-1].filename}:{ours[-1].lineno}" if ours else "an imported module"

@@ -318,6 +318,34 @@ def split_selector(selector: str) -> tuple[str, str]:
     return stream, group
 
 
+def _under(stream: str) -> str:
+    """For a selector that is a stream name without its group (``tasks:emails``, the guess of Celery's
+    ``-Q emails``): the selectors of the consumers of that stream and the streams under it."""
+    near = [f"{name}:{group}" for name, group in sorted(_registry) if name == stream or name.startswith(stream + ":")]
+    if near:
+        return f" A selector is STREAM:GROUP; for {stream!r} select {' '.join(near)}."
+    band, group = stream.rpartition(":")[::2]
+    owner = [f"{name}:{g}" for (name, g), spec in sorted(_registry.items()) if g == group and spec.bands
+             and band in [band_stream(name, b) for b in spec.bands]]
+    return f" {band!r} is a priority band of {owner[0]}, read by that consumer: select {owner[0]}." if owner else ""
+
+
+def selectors(specs: Sequence[ConsumerSpec]) -> list[str]:
+    """How the start-up line names ``specs``: their selectors, a banded consumer once with its bands'
+    streams (a band is read by its consumer and cannot be selected alone)."""
+    named = []
+    for spec in specs:
+        if spec.bands:
+            band = spec.bands[len(spec.yields_to)]  # expand(): a band's spec yields to those above it
+            declared = spec.stream[:-len(band) - 1] if band else spec.stream
+            text = f"{declared}:{spec.group} (bands {', '.join(band_stream(declared, b) for b in spec.bands)})"
+        else:
+            text = spec.name
+        if text not in named:
+            named.append(text)
+    return named
+
+
 def select(selectors: Sequence[str] = ()) -> list[ConsumerSpec]:
     """The specs named by ``STREAM:GROUP`` selectors, or all of them when none are given."""
     specs = registered()
@@ -346,7 +374,7 @@ def select(selectors: Sequence[str] = ()) -> list[ConsumerSpec]:
             chosen.extend(spec for spec in one_partition if spec not in chosen)
             continue
         if key not in _registry:
-            raise ConsumerConfigError(f"no consumer is registered for {selector!r}. Registered: {known}")
+            raise ConsumerConfigError(f"no consumer is registered for {selector!r}.{_under(selector)} Registered: {known}")
         chosen.extend(spec for spec in expand(_registry[key]) if spec not in chosen)
     return chosen
 

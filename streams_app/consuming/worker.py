@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from shoal_common import early_signals, logformat
-from streams_app import broadcast, partitions
+from streams_app import broadcast, partitions, registry
 
 from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_BURST_UNFINISHED, EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
@@ -120,7 +120,7 @@ class Worker:
         gc.collect()
         gc.freeze()
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
-                    ", ".join(s.name for s in self.specs), self.threads,
+                    ", ".join(registry.selectors(self.specs)), self.threads,
                     f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
         while self.alive():
             if self.heartbeat is not None:

@@ -3,8 +3,12 @@
 -- field/value pairs to set (status, finished_at, return_value).
 -- An error is numbered by HINCRBY and written to its own field error.<n>, so two workers' failures
 -- of the same task both stay in the list.
--- Returns the hash after the write (HGETALL's flat list).
+-- Returns the hash after the write (HGETALL's flat list), or nil, writing nothing, when there is no
+-- result (expired, or Redis lost its data mid-task): a half-filled hash nobody can read is worse.
 local key, ttl, err = KEYS[1], ARGV[1], ARGV[2]
+if redis.call('HEXISTS', key, 'task') == 0 then
+  return false
+end
 local fields = {}
 for i = 3, #ARGV do
   fields[#fields + 1] = ARGV[i]

@@ -4,12 +4,15 @@
 here, and nothing is written), writes a READY result and publishes the message to the queue's
 stream (streams_app.tasks.messages); ``run_after`` defers it with ``publish(..., run_after=)``.
 With ``OPTIONS["OUTBOX"]`` the message goes through the transactional outbox instead, so it is
-published only if the caller's transaction commits (and its READY result is written then too).
+published only if the caller's transaction commits (and its READY result is written, and
+``task_enqueued`` sent, then too).
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
+import json
 from datetime import timedelta
 
 from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -37,6 +40,11 @@ class StreamsBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias, params):
+        if not options.valid_queues(params):
+            # Django would take a string as its letters: a task of queue "emails" would then fail to
+            # import with "Queue 'emails' is not valid", far from the setting that is wrong.
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must be a non-empty list of queue names, not "
+                                       f"{params.get('QUEUES')!r} (streams_app.E062; see docs/tasks.md, \"Settings\").")
         super().__init__(alias, params)
         self.config = options.merged(self.options)
 
@@ -60,6 +68,7 @@ class StreamsBackend(BaseTaskBackend):
             started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
             backend=self.alias, errors=[], worker_ids=[],
         )
+        _finite(result.args, result.kwargs)
         payload = messages.payload(result)
         record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
                                                       "args", "kwargs")},
@@ -74,14 +83,16 @@ class StreamsBackend(BaseTaskBackend):
             publish(stream, payload, key=result.id, outbox=True, using=using, run_after=task.run_after)
             # The READY result is written once the row is committed: a rolled-back enqueue leaves none.
             transaction.on_commit(lambda: results.create(get_connection(), record, ttl), using=using)
-        else:
-            conn = get_connection()
-            results.create(conn, record, ttl)
-            try:
-                publish(stream, payload, key=result.id, run_after=task.run_after)
-            except BaseException:
-                conn.delete(results.key(result.id))  # nothing was published: no result that never runs
-                raise
+            # task_enqueued too: a rolled-back enqueue is no task, and a listener must not count it.
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            return result
+        conn = get_connection()
+        results.create(conn, record, ttl)
+        try:
+            publish(stream, payload, key=result.id, run_after=task.run_after)
+        except BaseException:
+            results.discard(conn, result.id, task.queue_name)  # nothing was published: no result that never runs
+            raise
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -95,6 +106,15 @@ class StreamsBackend(BaseTaskBackend):
                                          f"({type(exc).__name__}: {exc}).") from exc
         raise TaskResultDoesNotExist(f"No task result {result_id!r}: never enqueued here, or expired "
                                      f"(results are kept OPTIONS['RESULT_TTL'] = {self.config['RESULT_TTL']} s).")
+
+
+def _finite(args, kwargs):
+    """ValueError for NaN or infinity in the arguments, as Django's normalisation raises for bytes that
+    are not text: JSON has no such numbers (the publish would refuse them later, as a PublishError)."""
+    try:
+        json.dumps([args, kwargs], allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"Task arguments must be JSON, which has no NaN or infinity: {args!r}, {kwargs!r}") from exc
 
 
 def to_task_result(record, task=None):

@@ -1,4 +1,5 @@
 """System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063)."""
+from django.conf import settings
 from django.core.checks import Error, register
 
 from streams_app.names import validate_stream_name
@@ -16,6 +17,12 @@ def check_tasks_settings(app_configs=None, **kwargs):
         where = f"TASKS[{alias!r}]"
         errors += [Error(f"{where}['OPTIONS']: {problem}.", hint=HINT, id="streams_app.E060")
                    for problem in options.problems(params.get("OPTIONS", {}))]
+        given = params.get("OPTIONS") or {}
+        database = given.get("DATABASE", "default") if isinstance(given, dict) else "default"
+        if isinstance(database, str) and database not in settings.DATABASES:  # else the first outbox enqueue fails
+            errors.append(Error(f"{where}['OPTIONS']['DATABASE'] names no database: {database!r} is not in DATABASES.",
+                                hint=f"Known: {', '.join(settings.DATABASES) or 'none'}. The outbox is written "
+                                     "to that database in the caller's transaction.", id="streams_app.E060"))
         errors += [Error(f"{where} has an unknown key {name!r}.", hint="Known: BACKEND, QUEUES, OPTIONS.",
                          id="streams_app.E061") for name in params if name not in ("BACKEND", "QUEUES", "OPTIONS")]
         queues = params.get("QUEUES", ["default"])

@@ -2,11 +2,10 @@
 
 Django fires ``task_enqueued`` when ``enqueue`` returns, ``task_started`` when an attempt starts and
 ``task_finished`` when a result is SUCCESSFUL or FAILED (a raise that will be retried fires none).
-With OPTIONS["OUTBOX"] an enqueue is counted when the caller's transaction commits: a rolled-back
-one published nothing, so it is not counted either. Without django.tasks or the backport nothing is
+With OPTIONS["OUTBOX"] the backend sends ``task_enqueued`` when the caller's transaction commits: a
+rolled-back enqueue published nothing, so it is neither signalled nor counted. Without django.tasks or the backport nothing is
 connected (a project that does not use Tasks needs neither).
 """
-from django.db import transaction
 
 from streams_app.metrics import tasks as counters
 from streams_app.tasks import api_available
@@ -27,14 +26,7 @@ def _labels(task_result):
 def on_enqueued(sender, task_result, **kwargs):
     if not _ours(sender):
         return
-    from streams_app.tasks.api import task_backends
-
-    child = counters.enqueued.labels(*_labels(task_result))
-    config = task_backends[task_result.backend].config
-    if config["OUTBOX"]:
-        transaction.on_commit(child.inc, using=config["DATABASE"])
-    else:
-        child.inc()
+    counters.enqueued.labels(*_labels(task_result)).inc()
 
 
 def on_started(sender, task_result, **kwargs):

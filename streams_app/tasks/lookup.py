@@ -13,6 +13,11 @@ from streams_app.exceptions import RejectMessage
 from streams_app.tasks.api import Task
 
 
+class TaskRefused(RejectMessage):
+    """A task message names no Task this worker may run: dead-lettered at once, and its result's error
+    (``exception_class_path`` ``streams_app.tasks.lookup.TaskRefused``)."""
+
+
 def _importable(module):
     """Whether ``module`` may be imported to find a task: already imported, or in an installed app."""
     if module in sys.modules:
@@ -24,16 +29,16 @@ def find_task(path):
     """The Django Task at ``path`` ("module.function"); RejectMessage when there is none there."""
     module_name, _, attribute = path.rpartition(".")
     if not module_name or not _importable(module_name):
-        raise RejectMessage(f"task {path!r} is not in an imported module or an installed app's package; "
+        raise TaskRefused(f"task {path!r} is not in an imported module or an installed app's package; "
                             "it was not run")
     try:
         module = import_module(module_name)
     except Exception as exc:
-        raise RejectMessage(f"task {path!r}: importing {module_name} failed ({type(exc).__name__}: {exc}); "
+        raise TaskRefused(f"task {path!r}: importing {module_name} failed ({type(exc).__name__}: {exc}); "
                             "it was not run") from exc
     found = getattr(module, attribute, None)
     if not isinstance(found, Task):
         what = "nothing" if found is None else f"a {type(found).__name__}"
-        raise RejectMessage(f"{path!r} is {what}, not a Django Task (@task); a task message names only tasks, "
+        raise TaskRefused(f"{path!r} is {what}, not a Django Task (@task); a task message names only tasks, "
                             "so it was not run")
     return found

@@ -46,3 +46,9 @@ def problems(options):
     if not isinstance(options.get("DATABASE", "default"), str):
         found.append(f"DATABASE must be a database alias, not {options['DATABASE']!r}")
     return found
+
+
+def valid_queues(params):
+    """Whether a TASKS entry's QUEUES is a non-empty list of names (E062 says what is wrong otherwise)."""
+    names = params.get("QUEUES", ["default"])
+    return isinstance(names, (list, tuple)) and bool(names) and all(isinstance(name, str) for name in names)

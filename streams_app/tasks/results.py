@@ -5,6 +5,7 @@ The public functions (stable: the admin and the metrics read results through the
 - ``key(result_id)``: the hash's key, ``shoal:task:{<id>}`` (the id is the cluster hash tag).
 - ``valid_id(result_id)``: whether ``result_id`` has the shape of an id this backend makes.
 - ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below).
+- ``discard(conn, result_id, queue)``: remove it again, and its id from the queue's index.
 - ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the
   record, or None (nothing written) when the result does not exist.
 - ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
@@ -81,6 +82,14 @@ def create(conn, record, ttl, pipeline=None):
         pipe.execute()
 
 
+def discard(conn, result_id, queue):
+    """Undo ``create``: the READY result and its id in the queue's index (an enqueue whose publish failed)."""
+    pipe = conn.pipeline(transaction=False)
+    pipe.delete(key(result_id))
+    pipe.zrem(index_key(queue), result_id)
+    pipe.execute()
+
+
 def started(conn, result_id, worker_id, ttl):
     """RUNNING: count one more attempt by ``worker_id``; returns the record after the write, or None
     (and writes nothing) when there is no result to start (not created yet, or expired)."""
@@ -90,19 +99,21 @@ def started(conn, result_id, worker_id, ttl):
 
 def finished(conn, result_id, status, ttl, return_value=None, error=None):
     """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
-    ``error``, READY when it will be run again). Returns the record after the write."""
+    ``error``, READY when it will be run again). Returns the record after the write, or None (and
+    writes nothing) when the result is gone: expired, or Redis lost its data while the task ran."""
     raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_value, error))
-    return _decode(result_id, _pairs(raw))
+    return _decode(result_id, _pairs(raw)) if raw else None
 
 
 def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_value=None,
                           error=None):
     """``finished`` of ``result_id``, then ``started`` of ``next_id``, in one round trip (not on a
-    cluster: the two keys are in different slots). Returns both records (the second may be None)."""
+    cluster: the two keys are in different slots). Returns both records (either may be None)."""
     ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_value, error)
     done, started_raw = scripts.run(conn, "task_next", [key(result_id), key(next_id)],
                                     [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
-    return _decode(result_id, _pairs(done)), (_decode(next_id, _pairs(started_raw)) if started_raw else None)
+    return (_decode(result_id, _pairs(done)) if done else None,
+            _decode(next_id, _pairs(started_raw)) if started_raw else None)
 
 
 def _finish_args(status, ttl, return_value, error):

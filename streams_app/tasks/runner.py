@@ -26,7 +26,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from shoal_common.redisconn import is_cluster
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.tasks import messages, results
+from streams_app.tasks import messages, refusals, results
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.api import TaskContext, normalize_json, task_backends, task_finished, task_started
@@ -39,11 +39,15 @@ class Attempt:
 
     def __init__(self, alias, message):
         self.message = message
-        self.data = data = messages.parse(message.payload)
-        self.backend = task_backends[data.get("backend") or alias]
-        if not isinstance(self.backend, StreamsBackend):
-            raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
-        task = find_task(data["task"])
+        try:
+            self.data = data = messages.parse(message.payload)
+            self.backend = task_backends[data.get("backend") or alias]
+            if not isinstance(self.backend, StreamsBackend):
+                raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
+            task = find_task(data["task"])
+        except RejectMessage as exc:
+            refusals.refuse(alias, message.payload, exc)  # its result FAILED, not READY until it expires
+            raise
         queue, priority = data.get("queue") or task.queue_name, data.get("priority") or 0
         # using() copies and validates the Task: only when the message says otherwise than the Task.
         same = queue == task.queue_name and priority == task.priority
@@ -88,6 +92,9 @@ class Attempt:
     def announce(self, record):
         """task_finished of the SUCCESSFUL ``record``, once written. A receiver's raise is logged: the
         task succeeded, and when its write was deferred the code running now is another task's."""
+        if record is None:
+            lost(self, "SUCCESSFUL")
+            return
         try:
             task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
         except Exception:
@@ -102,10 +109,20 @@ class Attempt:
         again = len(self.record["errors"]) < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
         record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
                                   error=error)
+        if record is None:
+            lost(self, "READY" if again else "FAILED")
         if again:
             return exc
-        task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+        if record is not None:
+            task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
         return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
+
+
+def lost(attempt, status):
+    """The attempt's result hash is gone (expired, or Redis lost its data mid-task): its end is not
+    written (task_finished.lua writes nothing there), and this line says so."""
+    logger.warning("The result %s of task %s is gone from Redis (expired, or Redis lost its data while the task "
+                   "ran): its end (%s) was not recorded", attempt.data["id"], attempt.data["task"], status)
 
 
 def run_message(alias, message, handler=None):

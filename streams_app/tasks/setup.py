@@ -27,7 +27,10 @@ def queues(params):
 
 
 def install():
-    """Register the queues' consumers; idempotent (the registry accepts the same handler twice)."""
+    """Register the queues' consumers; idempotent (the registry accepts the same handler twice).
+
+    A backend whose settings are wrong is left out rather than raising here, at app ready: the
+    system checks (E060-E063) then say what is wrong, with a hint, instead of a registry error."""
     backends = streams_backends()
     if not backends:
         return
@@ -37,9 +40,15 @@ def install():
         raise ImproperlyConfigured(
             f"TASKS names {BACKEND_PATH}, but Django's Tasks API is missing ({exc}): Django 6 has django.tasks; "
             "on Django 5.2 install the backport: pip install 'django-shoal[tasks]' (docs/tasks.md)") from exc
+    owners = set()
     for alias, params in backends:
+        if options.problems(params.get("OPTIONS", {})) or not options.valid_queues(params):
+            continue  # the system checks (E060, E062) report it, and runconsumer does not start on them
         config = options.merged(params.get("OPTIONS"))
         for queue in queues(params):
+            if queue in owners:
+                continue  # a second backend naming the queue: E063
+            owners.add(queue)
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(QueueHandler(alias))
             # async def tasks on the worker's event loop; the "db" guard needs a sync handler's transaction.

@@ -72,3 +72,14 @@ def sleepy(seconds):
 
 def not_a_task():
     return "never run"
+
+
+@task()
+def flush_then(outcome):
+    """Redis loses its data while this runs (a FLUSHALL), then it returns ``outcome``, or raises."""
+    from streams_app.connection import get_connection
+
+    get_connection().flushdb()
+    if outcome == "raise":
+        raise ValueError("after the flush")
+    return outcome

@@ -6,12 +6,13 @@ import json
 import pytest
 from asgiref.sync import async_to_sync
 
+from shoal_common.redisconn import is_cluster
 from streams_app.exceptions import RejectMessage
 from streams_app.message import Message
-from streams_app.tasks import results
+from streams_app.tasks import refusals, results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
-from streams_app.tasks.runner import run_message, run_message_async
+from streams_app.tasks.runner import QueueHandler, run_message, run_message_async
 from tests import tasks_settings
 
 pytestmark = pytest.mark.both_redis
@@ -198,3 +199,65 @@ def test_the_async_handler_awaits_async_tasks_and_records_a_failure_as_the_sync_
         async_to_sync(run_message_async)("default", delivered(redis, "tasks:default:async"))
     done = jobs.fail.get_result(failing.id)
     assert done.status == "FAILED" and done.errors[0].exception_class_path == "builtins.ValueError"
+
+
+def test_a_refused_task_ends_its_result_failed_with_the_reason_logged_once_per_reason(jobs, redis, caplog,
+                                                                                      monkeypatch):
+    """A task renamed (or moved out of the installed apps) after its enqueue: the result does not stay
+    READY until RESULT_TTL, so a poll of it ends."""
+    monkeypatch.setattr(refusals, "_logged", set())  # what this process logged before
+    refused = []
+    for path in ("tests.testapp.tasks.renamed_since", "tests.testapp.tasks.renamed_since", "mysite.projtasks.proj"):
+        result = jobs.add.enqueue(1, 2)
+        payload = json.loads(redis.xrange("tasks:default")[-1][1]["payload"])
+        redis.xadd("tasks:default", {"payload": json.dumps({**payload, "task": path})})
+        with caplog.at_level("ERROR", logger="streams_app.tasks"), pytest.raises(RejectMessage):
+            run_message("default", delivered(redis))
+        refused.append(jobs.add.get_result(result.id))
+    for done in refused:
+        assert (done.status, done.attempts) == ("FAILED", 0)
+        assert done.finished_at is not None and done.is_finished
+        [error] = done.errors
+        assert error.exception_class_path == "streams_app.tasks.lookup.TaskRefused"
+        assert error.exception_class.__name__ == "TaskRefused"
+    assert "renamed_since' is nothing, not a Django Task" in refused[0].errors[0].traceback
+    assert "not in an imported module or an installed app" in refused[2].errors[0].traceback
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Refused a task message")]
+    assert len(lines) == 2 and "renamed_since" in lines[0] and "mysite.projtasks" in lines[1]
+
+
+@pytest.mark.parametrize("outcome", ["done", "raise"])
+@pytest.mark.parametrize("deferred", [False, True], ids=["written-at-once", "written-with-the-next"])
+def test_a_result_lost_mid_task_is_not_rewritten_half_filled(jobs, redis, caplog, outcome, deferred):
+    """Redis lost its data while the task ran (FLUSHALL, a restart without persistence): its end is
+    one clear line, no TypeError, and no hash without id, task or enqueued_at left for RESULT_TTL."""
+    result = jobs.flush_then.enqueue(outcome)
+    handler = QueueHandler("default") if deferred else None
+    with caplog.at_level("WARNING", logger="streams_app.tasks"):
+        if outcome == "raise":
+            with pytest.raises(RejectMessage, match="after the flush"):
+                run_message("default", delivered(redis), handler)
+        else:
+            run_message("default", delivered(redis), handler)
+            if handler is not None:
+                assert handler.end_chunk() == []
+    assert not redis.exists(results.key(result.id))
+    [line] = [r.getMessage() for r in caplog.records if "is gone from Redis" in r.getMessage()]
+    assert result.id in line and ("SUCCESSFUL" if outcome == "done" else "FAILED") in line
+
+
+def test_a_lost_result_written_with_the_next_tasks_start_is_one_line_and_the_next_task_runs(jobs, redis, caplog):
+    """task_next.lua: the first result vanished (FLUSHALL in its task); the thread's next task still runs."""
+    lost = jobs.flush_then.enqueue("done")
+    handler = QueueHandler("default")
+    if is_cluster(redis):
+        pytest.skip("on a cluster a success is written at once (test_a_result_lost_mid_task_...)")
+    with caplog.at_level("WARNING", logger="streams_app.tasks"):
+        run_message("default", delivered(redis), handler)
+        after = jobs.add.enqueue(1, 2)
+        run_message("default", delivered(redis), handler)
+        assert handler.end_chunk() == []
+    assert not redis.exists(results.key(lost.id))
+    assert jobs.add.get_result(after.id).status == "SUCCESSFUL"
+    [line] = [r.getMessage() for r in caplog.records if "is gone from Redis" in r.getMessage()]
+    assert lost.id in line

@@ -70,7 +70,7 @@ def test_a_publish_that_fails_leaves_no_result_behind(jobs, redis):
     redis.set("tasks:default", "not a stream")
     with pytest.raises(Exception, match="not a stream"):
         jobs.add.enqueue(1, 2)
-    assert redis.keys("shoal:task:*") == []
+    assert redis.keys("shoal:task:*") == [] and redis.zcard("shoal:tasks:{default}:results") == 0
 
 
 def test_an_aware_run_after_in_the_past_is_accepted(jobs, redis):
@@ -98,3 +98,18 @@ def test_a_stored_result_that_is_malformed_raises_task_result_does_not_exist_say
     redis.hset(results.key(result.id), field, value)
     with pytest.raises(TaskResultDoesNotExist, match="cannot read"):
         jobs.add.get_result(result.id)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_infinity_raises_value_error_at_enqueue_and_nothing_is_stored(jobs, redis, value):
+    with pytest.raises(ValueError, match="no NaN or infinity"):
+        jobs.add.enqueue(value, 1)
+    with pytest.raises(ValueError, match="no NaN or infinity"):
+        jobs.send_email.enqueue("a@example.com", subject={"x": [value]})
+    assert nothing_written(redis)
+
+
+def test_a_run_after_beyond_the_maximum_leaves_no_id_in_the_results_index(jobs, redis):
+    with pytest.raises(Exception, match="RUN_AFTER_MAX"):
+        jobs.add.using(run_after=timezone.now() + dt.timedelta(days=3650)).enqueue(3, 4)
+    assert nothing_written(redis)

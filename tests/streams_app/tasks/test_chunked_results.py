@@ -11,6 +11,10 @@ from streams_app.tasks import results
 from streams_app.tasks.api import task_finished, task_started
 from streams_app.tasks.runner import QueueHandler
 
+# run_chunk closes the thread's stale database connections, as in a worker: a test before this one may have
+# opened one, and pytest-django refuses database access to a test without this mark.
+pytestmark = pytest.mark.django_db
+
 
 def delivered(redis, stream="tasks:default"):
     return [Message(entry_id, stream, "workers", fields, deliveries=1, consumer="worker-1")

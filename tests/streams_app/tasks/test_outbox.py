@@ -57,3 +57,25 @@ def test_a_high_priority_enqueue_goes_to_its_band_through_the_outbox_too(outbox_
         jobs.add.using(priority=10).enqueue(1, 2)
     relay.tick()
     assert redis.xlen("tasks:default:high") == 1
+
+
+def test_task_enqueued_fires_only_when_the_transaction_commits(outbox_backend, jobs, redis):
+    from streams_app.tasks.api import task_enqueued
+
+    fired = []
+
+    def receiver(sender, task_result, **kwargs):
+        fired.append(task_result.id)
+
+    task_enqueued.connect(receiver, weak=False)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            rolled_back = jobs.add.enqueue(1, 2)
+            raise RuntimeError("the order could not be saved")
+        with transaction.atomic():
+            committed = jobs.add.enqueue(3, 4)
+            assert fired == []  # not before the commit
+        outside = jobs.add.enqueue(5, 6)  # autocommit: at once
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert rolled_back.id not in fired and fired == [committed.id, outside.id]

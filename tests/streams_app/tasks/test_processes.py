@@ -87,10 +87,25 @@ def test_a_message_naming_anything_but_a_task_is_dead_lettered_and_never_run(pat
     wait_for(lambda: redis.xlen("{tasks:default}:dlq") == 1, timeout=60, what="the message dead-lettered")
     [(_, fields)] = redis.xrange("{tasks:default}:dlq")
     assert "not run" in fields["shoal:error"], fields
-    assert fields["shoal:error"].startswith("RejectMessage: ")
+    assert fields["shoal:error"].startswith("TaskRefused: ")  # streams_app.tasks.lookup's RejectMessage
     assert fields["shoal:deliveries"] == "1"  # at once: no retry can make it a task
     assert "antigravity" not in sys.modules
     assert not (tmp_path / "ran").exists()
+    assert not redis.exists("shoal:task:{" + "x" * 32 + "}")  # no result was made for it
+
+
+def test_a_task_renamed_after_its_enqueue_ends_failed_not_ready(jobs, run_workers, redis):
+    """The trial's poll ``while not result.is_finished`` ends: the refusal is the result's error."""
+    result = jobs.add.enqueue(1, 2)
+    [(entry_id, fields)] = redis.xrange("tasks:default")
+    payload = json.loads(fields["payload"])
+    redis.xdel("tasks:default", entry_id)
+    redis.xadd("tasks:default", {**fields, "payload": json.dumps({**payload, "task": "tests.testapp.tasks.add_v1"})})
+    proc = run_workers("tasks:default:workers")
+    done = wait_for(finished(jobs.add, result.id), timeout=60, what="the refused task's result finished")
+    assert (done.status, done.attempts) == ("FAILED", 0)
+    assert done.errors[0].exception_class_path == "streams_app.tasks.lookup.TaskRefused"
+    proc.wait_for_output("Refused a task message, not run and dead-lettered: 'tests.testapp.tasks.add_v1' is nothing")
 
 
 def test_with_one_thread_higher_priority_tasks_run_before_lower_ones_already_waiting(jobs, run_workers, tmp_path):
@@ -178,3 +193,23 @@ def test_replaying_a_failed_tasks_dead_letter_runs_it_again_as_a_second_attempt(
     done = wait_for(lambda: len(jobs.fail.get_result(result.id).errors) == 2 and jobs.fail.get_result(result.id),
                     timeout=60, what="the second attempt failed too")
     assert done.status == "FAILED" and done.attempts == 2
+
+
+def test_a_queue_named_without_its_group_is_refused_naming_both_of_its_selectors(run_workers):
+    """``runconsumer tasks:emails``, the guess of Celery's ``-Q emails``; a band alone likewise."""
+    proc = run_workers("tasks:emails")
+    assert proc.wait(60) == 3, proc.output()
+    assert "for 'tasks:emails' select tasks:emails:workers tasks:emails:async:workers" in proc.output()
+    proc = run_workers("tasks:emails:high:workers")
+    assert proc.wait(60) == 3, proc.output()
+    assert "'tasks:emails:high' is a priority band of tasks:emails:workers" in proc.output()
+
+
+def test_the_start_up_line_names_selectors_not_the_bands_streams(run_workers):
+    proc = run_workers("tasks:emails:workers")
+    proc.wait_for_output("started (")
+    [line] = [line for line in proc.output().splitlines() if "started (" in line]
+    assert "started (tasks:emails:workers (bands tasks:emails:high, tasks:emails, tasks:emails:low);" in line
+    assert "tasks:emails:high:workers" not in line
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
