@@ -78,13 +78,14 @@ class StreamsBackend(BaseTaskBackend):
         if diverted():  # a test's capture_publishes: the message is recorded, and no result goes to Redis
             publish(stream, payload, key=result.id, outbox=self.config["OUTBOX"], using=self.config["DATABASE"],
                     run_after=task.run_after)
-        elif self.config["OUTBOX"]:
+            self._enqueued(result)
+            return result
+        if self.config["OUTBOX"]:
             using = self.config["DATABASE"]
             publish(stream, payload, key=result.id, outbox=True, using=using, run_after=task.run_after)
             # The READY result is written once the row is committed: a rolled-back enqueue leaves none.
             transaction.on_commit(lambda: results.create(get_connection(), record, ttl), using=using)
-            # task_enqueued too: a rolled-back enqueue is no task, and a listener must not count it.
-            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            self._enqueued(result)
             return result
         conn = get_connection()
         results.create(conn, record, ttl)
@@ -93,8 +94,16 @@ class StreamsBackend(BaseTaskBackend):
         except BaseException:
             results.discard(conn, result.id, task.queue_name)  # nothing was published: no result that never runs
             raise
-        task_enqueued.send(type(self), task_result=result)
+        self._enqueued(result)
         return result
+
+    def _enqueued(self, result):
+        if self.config["OUTBOX"]:
+            # task_enqueued once the row commits: a rolled-back enqueue is no task, and a listener must not count it.
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result),
+                                  using=self.config["DATABASE"])
+        else:
+            task_enqueued.send(type(self), task_result=result)
 
     def get_result(self, result_id):
         try:
