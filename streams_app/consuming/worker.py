@@ -103,6 +103,12 @@ class Worker:
 
     def run(self):
         """Consume until stopped; return the exit code."""
+        # What start-up made (Django, the apps, the handlers' modules) lives as long as the process: out of the
+        # cyclic collector's reach, it is not scanned again on every collection of the messages' short-lived
+        # objects (bench/README.md, "Steady state and where the time goes": about a quarter of the CPU per
+        # message). Before boot(), which starts the read loops: no handler runs before it.
+        gc.collect()
+        gc.freeze()
         if self.burst and self.burst_timeout is not None:
             self.burst_deadline = time.monotonic() + self.burst_timeout
         try:
@@ -114,11 +120,6 @@ class Worker:
         self.install_signals()
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
-        # What start-up made (Django, the apps, the clients) lives as long as the process: out of the cyclic
-        # collector's reach, it is not scanned again on every collection of the messages' short-lived objects
-        # (bench/README.md, "Steady state and where the time goes": about a quarter of the CPU per message).
-        gc.collect()
-        gc.freeze()
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
                     ", ".join(registry.selectors(self.specs)), self.threads,
                     f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
