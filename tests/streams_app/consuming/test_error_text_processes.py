@@ -1,0 +1,54 @@
+"""Error text that is not valid UTF-8, with real ``manage.py runconsumer`` processes (issue 32, item 1).
+
+A lone surrogate is what ``os.fsdecode()`` gives for a file name that is not UTF-8, so a handler's
+``raise ValueError(f"cannot parse {name}")`` is ordinary code. Redis takes UTF-8 only: the worker
+must store such text escaped (``\\udcff``), retry and dead-letter the entry as any other, and go on.
+"""
+import json
+import signal
+from collections import Counter
+
+import pytest
+
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def publish_raw(client, stream, payloads):
+    pipe = client.pipeline(transaction=False)
+    for payload in payloads:
+        pipe.xadd(stream, {"payload": json.dumps(payload)})
+    return pipe.execute()
+
+
+def listed(client, kind, stream, group):
+    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
+
+
+@pytest.mark.parametrize("stream", ["raises", "araises", "raisesr"])  # sync, async, idempotent="redis"
+def test_a_lone_surrogate_in_an_error_is_stored_escaped_and_the_worker_goes_on(redis, run_consumer, stream):
+    payloads = [{"n": n} for n in range(20)]
+    payloads[0] = {"raise": "Surrogate"}
+    payloads[7] = {"raise": "SurrogateTraceback"}
+    ids = publish_raw(redis, stream, payloads)
+    bad = {ids[0], ids[7]}
+    proc = run_consumer(f"{stream}:g", "--workers", "1", "--threads", "2")
+    wait_for(lambda: redis.xlen(f"{{{stream}}}:dlq") == 2, timeout=30, what="both entries dead-lettered")
+    letters = {f["shoal:origin_id"]: f for _, f in redis.xrange(f"{{{stream}}}:dlq")}
+    assert set(letters) == bad
+    assert {f["shoal:deliveries"] for f in letters.values()} == {"2"}
+    first, seventh = letters[ids[0]], letters[ids[7]]
+    assert first["shoal:error"] == "ValueError: cannot parse report-\\udcff.csv"
+    assert "report-\\udcff.csv" in first["shoal:traceback"]
+    assert seventh["shoal:error"] == "RuntimeError: could not read the report"
+    assert "OSError: no such file in-\\udcfe" in seventh["shoal:traceback"]
+    wait_for(lambda: sorted(listed(redis, "handled", stream, "g")) == sorted(set(ids) - bad), timeout=30,
+             what="the 18 others handled")
+    wait_for(lambda: redis.xpending(stream, "g")["pending"] == 0, timeout=30, what="nothing pending")
+    assert Counter(listed(redis, "started", stream, "g")) == {i: 2 if i in bad else 1 for i in ids}  # nothing rerun
+    assert "UnicodeEncodeError" not in proc.output()
+    assert "report-\\udcff.csv" in proc.output()  # the failure was logged, escaped
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+    assert "crashed" not in proc.output()
