@@ -1,15 +1,19 @@
-"""Error text that is not valid UTF-8, with real ``manage.py runconsumer`` processes (issue 32, item 1).
+"""Text that Redis or PostgreSQL cannot hold as it is, with real ``manage.py runconsumer`` processes
+(issue 32, items 1 and 3).
 
 A lone surrogate is what ``os.fsdecode()`` gives for a file name that is not UTF-8, so a handler's
 ``raise ValueError(f"cannot parse {name}")`` is ordinary code. Redis takes UTF-8 only: the worker
 must store such text escaped (``\\udcff``), retry and dead-letter the entry as any other, and go on.
+A message key may hold NUL, which PostgreSQL text cannot: the db guard stores it hashed.
 """
+import hashlib
 import json
 import signal
 from collections import Counter
 
 import pytest
 
+from streams_app import publish
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -52,3 +56,24 @@ def test_a_lone_surrogate_in_an_error_is_stored_escaped_and_the_worker_goes_on(r
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
     assert "crashed" not in proc.output()
+
+
+def test_a_key_with_nul_is_handled_once_by_a_db_guarded_group_on_postgresql(redis, run_consumer, postgres_database):
+    key = "order\x0042"
+    first = publish("dbjobs", {"name": "nul-key"}, key=key)
+    plain = publish("dbjobs", {"name": "plain"}, key="order-43")
+    proc = run_consumer("dbjobs:d", streams={"RETRY_BACKOFF": 0.05}, env={"DATABASE_URL": postgres_database.url})
+    wait_for(lambda: len(listed(redis, "started", "dbjobs", "d")) == 2 and redis.xpending("dbjobs", "d")["pending"] == 0,
+             timeout=30, what="both handled and acked")
+    again = publish("dbjobs", {"name": "nul-key"}, key=key)  # the same key again: a duplicate
+    proc.wait_for_output("is a duplicate; acked without running the handler")
+    wait_for(lambda: redis.xpending("dbjobs", "d")["pending"] == 0, timeout=30, what="the duplicate acked")
+    assert sorted(listed(redis, "started", "dbjobs", "d")) == sorted([first, plain])
+    assert sorted(postgres_database.rows("SELECT name, entry_id FROM testapp_effect")) == [("nul-key", first),
+                                                                                        ("plain", plain)]
+    hashed = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    assert sorted(postgres_database.rows("SELECT key FROM streams_app_processedmessage")) == [("order-43",), (hashed,)]
+    assert redis.xlen("{dbjobs}:dlq") == 0 and again
+    assert "DataError" not in proc.output()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
