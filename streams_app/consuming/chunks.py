@@ -142,18 +142,37 @@ class Chunk:
 
 # -- sync handlers, in a handler thread ----------------------------------------------------------
 
-def run_chunk(handler, messages, guard=None, budget=None):
+def _started(chunk, runs):
+    """Charge the chunk's delivery before anything of it runs (runs.RunLedger; raises RunsNotRecorded)."""
+    if runs is not None:
+        try:
+            runs.started(chunk.messages)
+        except BaseException:
+            chunk.abandon()
+            raise
+
+
+def _finished(result, runs):
+    """The chunk's acks sent now, from this thread: a death of the process later does not charge them."""
+    if runs is not None:
+        result.sent = runs.finished(result)
+    return result
+
+
+def run_chunk(handler, messages, guard=None, budget=None, runs=None):
     """Run the sync ``handler`` on each message in this thread; return a ChunkResult.
 
-    ``guard`` (streams_app.consuming.idempotency) skips duplicates.
+    ``guard`` (streams_app.consuming.idempotency) skips duplicates. ``runs`` (runs.RunLedger)
+    charges the deliveries when the chunk starts and acks when it ends.
     """
     close_old_connections()
     chunk = Chunk(messages, guard, budget)
+    _started(chunk, runs)
     runnable = chunk.admit(chunk.runnable())
     if guard is None:
         left = _run_unguarded(handler, chunk, runnable)
         close_old_connections()
-        return chunk.close(left)
+        return _finished(chunk.close(left), runs)
     call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
@@ -172,7 +191,7 @@ def run_chunk(handler, messages, guard=None, budget=None):
             chunk.ran(message)
     chunk.end_guard()
     close_old_connections()
-    return chunk.close(left)
+    return _finished(chunk.close(left), runs)
 
 
 def _run_unguarded(handler, chunk, runnable):
@@ -269,7 +288,7 @@ class _DbHygiene:
 _db = _DbHygiene()
 
 
-async def run_chunk_async(handler, messages, guard=None, budget=None):
+async def run_chunk_async(handler, messages, guard=None, budget=None, runs=None):
     """Await the ``async def`` ``handler`` on each message in turn; return a ChunkResult.
 
     The guard's Redis round trips run in a thread, off the loop. Nothing is awaited between the
@@ -279,6 +298,8 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
     """
     await _db.check()
     chunk = Chunk(messages, guard, budget)
+    if runs is not None:
+        await asyncio.to_thread(_started, chunk, runs)
     try:
         runnable = chunk.runnable()
         if guard is not None and runnable:
@@ -313,11 +334,11 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
         raise
     if chunk.errored:
         _db.after_failure = True  # the error that broke a connection is almost always the handler's own
-    if guard is not None:
-        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left))
+    if guard is not None or runs is not None:
+        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left, runs))
     return chunk.close(left)
 
 
-def _end_guard_and_close(chunk, left):
+def _end_guard_and_close(chunk, left, runs=None):
     chunk.end_guard()
-    return chunk.close(left)
+    return _finished(chunk.close(left), runs)

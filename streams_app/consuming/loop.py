@@ -38,6 +38,7 @@ from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
 from streams_app.consuming.outcomes import Outcome, Status
 from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
+from streams_app.consuming.runs import RunLedger, RunsNotRecorded
 from streams_app.consuming.takeover import TakeOver
 from streams_app.deadletters import store as deadletters
 from streams_app.keys import dead_letter_key
@@ -81,6 +82,8 @@ class GroupLoop(TakeOver):
         self.retry_base, self.retry_cap = backoff_policy(spec, config)
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
+        # Delivery counts follow handler runs, and acks go out from the handler threads (runs.py).
+        self.runs = RunLedger(conn, self.stream, self.group, consumer)
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
@@ -322,12 +325,15 @@ class GroupLoop(TakeOver):
     def dispatch(self, entries):
         if not entries:
             return
+        if self.runs is not None:
+            self.runs.waiting(entries)  # not charged while they wait for a thread
         self._submit([Message(i, self.stream, self.group, f, d, self.consumer) for i, f, d in entries])
 
     def _submit(self, messages):
         size = self.chunk_size
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
+        runs = (self.runs,) if self.runs is not None else ()
+        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *runs) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
@@ -359,6 +365,10 @@ class GroupLoop(TakeOver):
                 refusals.refused("idempotency", exc)
                 self._not_run(chunk)
                 return
+            if isinstance(exc, RunsNotRecorded):  # Redis did not answer before any handler of it ran
+                logger.warning("Consumer %s: %s of %s/%s; retried", self.consumer, exc, self.stream, self.group)
+                self._not_run(chunk)
+                return
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)
             # A failed delivery like any other, so even an error outside the handler that repeats
             # on every delivery ends in the dead-letter stream at max_deliveries, not in a loop.
@@ -366,7 +376,10 @@ class GroupLoop(TakeOver):
                 self.on_failure(Outcome(message, Status.FAILED, exc))
             return
         self._adapt_chunk(result.seconds_per_message)
-        self.to_ack.extend(result.acked)
+        if result.sent:
+            self.handled += len(result.acked)
+        else:
+            self.to_ack.extend(result.acked)
         for outcome in result.failed:
             self.on_failure(outcome)
         if result.unrun:

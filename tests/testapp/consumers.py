@@ -58,6 +58,16 @@ def kills_its_process(message):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@consumer("exits", group="g", max_deliveries=3, retry_backoff=0.1)
+def exits_its_process(message):
+    """``exit``: os._exit(1) mid-handler, as a segfault or the OOM killer would; else a normal handler."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    record("started", message)
+    if payload.get("exit"):
+        os._exit(1)
+    record("handled", message)
+
+
 @consumer("idem", group="r", idempotent="redis", retry_backoff=0.05)
 def idempotent_in_redis(message):
     behave(message)
