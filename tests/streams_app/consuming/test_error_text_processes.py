@@ -8,6 +8,7 @@ A message key may hold NUL, which PostgreSQL text cannot: the db guard stores it
 """
 import hashlib
 import json
+import os
 import signal
 from collections import Counter
 
@@ -75,5 +76,15 @@ def test_a_key_with_nul_is_handled_once_by_a_db_guarded_group_on_postgresql(redi
     assert sorted(postgres_database.rows("SELECT key FROM streams_app_processedmessage")) == [("order-43",), (hashed,)]
     assert redis.xlen("{dbjobs}:dlq") == 0 and again
     assert "DataError" not in proc.output()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.output()
+
+
+def test_a_pod_name_that_is_not_utf8_makes_an_escaped_consumer_name(redis, run_consumer):
+    ids = publish_raw(redis, "jobs", [{"n": n} for n in range(3)])
+    proc = run_consumer("jobs:a", env={"POD_NAME": os.fsdecode(b"pod \xff")})  # os.environ holds it as a surrogate
+    wait_for(lambda: sorted(listed(redis, "handled", "jobs", "a")) == sorted(ids), timeout=30, what="the entries handled")
+    [consumer] = redis.xinfo_consumers("jobs", "a")
+    assert consumer["name"].startswith("pod-\\udcff-")  # no space either: CLIENT SETNAME refuses one
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
