@@ -113,6 +113,7 @@ class GroupLoop(TakeOver):
         self.one_round_trip = not is_cluster(reader)
 
         self.chunks = {}  # future -> the messages it is handling
+        self.peers = (self,)  # the read loops sharing this one's handler pool (Worker.boot sets them all)
         self.completions = queue.SimpleQueue()
         self.to_ack = []
         self.ready = False
@@ -325,15 +326,21 @@ class GroupLoop(TakeOver):
     def dispatch(self, entries):
         if not entries:
             return
-        if self.runs is not None:
-            self.runs.waiting(entries)  # not charged while they wait for a thread
         self._submit([Message(i, self.stream, self.group, f, d, self.consumer) for i, f, d in entries])
 
     def _submit(self, messages):
         size = self.chunk_size
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
-        runs = (self.runs,) if self.runs is not None else ()
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *runs) for chunk in chunks]
+        if self.runs is None:
+            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
+        else:
+            # Chunks a free thread (or coroutine slot) starts at once keep the delivery Redis counted;
+            # those queued behind busy ones are taken back until they start (runs.py). Chunks handed
+            # in but not yet collected count as busy, so a queued chunk is never taken for a starting one.
+            free = self._free_starts()
+            self.runs.waiting([m for chunk in chunks[free:] for m in chunk])
+            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget,
+                        self.runs if index < free else self.runs.queued) for index, chunk in enumerate(chunks)]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
@@ -342,6 +349,13 @@ class GroupLoop(TakeOver):
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
+
+    def _free_starts(self):
+        """How many chunks handed in now start at once: the pool (threads, or the event loop's slots) is
+        the worker's, shared by its read loops (``peers``, set by the worker)."""
+        parallel = self.slots if self.spec.is_async else self.threads
+        busy = sum(loop.busy_chunks for loop in self.peers if loop.spec.is_async == self.spec.is_async)
+        return max(0, parallel - busy)
 
     def collect(self, timeout=0.0):
         """Take in finished chunks; wait up to ``timeout`` seconds for the first one."""

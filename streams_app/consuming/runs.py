@@ -7,23 +7,25 @@ the takeovers dead-lettered them as "killed or stuck mid-handler" though they ne
 
 So the count follows the runs:
 
-- ``waiting`` (read loop, right after a read or a claim): the count is taken back to the runs so far
-  (``deliveries - 1``), so entries queued for a thread are not charged.
-- ``started`` (handler thread, before the chunk's handlers run): the count becomes ``deliveries``.
+- ``waiting`` (read loop, as it hands chunks to the threads): chunks that a free thread starts at
+  once keep the delivery Redis counted; for those queued behind busy threads it is taken back to the
+  runs so far (``deliveries - 1``), so entries that wait for a thread are not charged.
+- ``started`` (handler thread, before a queued chunk's handlers run): the count becomes ``deliveries``.
 - ``finished`` (handler thread, right after they return): the chunk's acks go out at once, not
-  queued for the read loop's next pass, and unstarted entries it hands back are taken back again.
+  queued for the read loop's next pass.
 
 What a death charges is then the chunk that was running: one entry for handlers slower than about
 ``loop.CHUNK_TARGET_SECONDS`` (one message per chunk), a few milliseconds' worth for faster ones.
-All three use undeliver.lua, which sets the count only of entries still owned by this consumer.
-Costs two round trips per chunk in its thread and one per read in the loop.
+Counts are set with undeliver.lua, which touches only entries still owned by this consumer. Costs:
+one XACK per chunk from its thread (instead of one per read from the loop), and for queued chunks
+one script run at hand-in (per read) and one in the thread.
 """
 import logging
 
 import redis
 
 from streams_app import scripts
-from streams_app.connection import TRANSIENT_ERRORS, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -35,11 +37,14 @@ class RunsNotRecorded(Exception):
 
 
 class RunLedger:
+    """The ledger of one group loop; ``queued`` is its view for chunks that wait for a thread."""
+
     def __init__(self, conn, stream, group, consumer):
         self.conn = conn
         self.stream = stream
         self.group = group
         self.consumer = consumer
+        self.queued = _Queued(self)
 
     def _set_counts(self, pairs, pipeline=None):
         args = [self.group, self.consumer]
@@ -47,47 +52,54 @@ class RunLedger:
             args += [entry_id, count]
         return scripts.run(self.conn, "undeliver", [self.stream], args, pipeline=pipeline)
 
-    def waiting(self, entries):
-        """Read loop: (id, fields, deliveries) just read or claimed are not charged until they start.
+    def waiting(self, messages):
+        """Read loop: ``messages`` (read, claimed or handed back) wait for a thread: not charged until they start.
 
         Best effort: should Redis not answer, they run with the count Redis gave them (one too high
         for entries that never start before a death), as before this ledger.
         """
-        if not entries:
+        if not messages:
             return
         try:
-            self._set_counts((entry_id, deliveries - 1) for entry_id, _, deliveries in entries)
+            self._set_counts((m.id, m.deliveries - 1) for m in messages)
         except ERRORS as exc:
             logger.warning("Consumer %s: could not take back the delivery count of %d entries of %s/%s read "
-                           "and not yet started: %s", self.consumer, len(entries), self.stream, self.group, exc)
+                           "and not yet started: %s", self.consumer, len(messages), self.stream, self.group, exc)
 
     def started(self, messages):
-        """Handler thread, before ``messages`` run: each is charged its delivery (raises RunsNotRecorded).
+        """Handler thread, a chunk that started at once: Redis counted its delivery already."""
+
+    def finished(self, result):
+        """Handler thread, right after the chunk (a ChunkResult): ack what succeeded now. Returns True
+        when the acks went out (the read loop then only counts them); False leaves them to the loop's
+        next ack, as before. What the chunk hands back unstarted (``left``) the loop resubmits: charged
+        while it waits, as any read it holds is, until ``waiting`` takes it back."""
+        if not result.acked:
+            return False
+        try:
+            self.conn.xack(self.stream, self.group, *result.acked)
+        except ERRORS:
+            return False
+        return True
+
+
+class _Queued:
+    """A chunk queued behind busy threads: its count was taken back (``waiting``); set it when it starts."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+
+    def started(self, messages):
+        """Before ``messages`` run: each is charged its delivery (raises RunsNotRecorded).
 
         Not run uncounted: a message that kills its worker would otherwise never reach max_deliveries.
         """
         if not messages:
             return
         try:
-            self._set_counts((m.id, m.deliveries) for m in messages)
+            self.ledger._set_counts((m.id, m.deliveries) for m in messages)
         except ERRORS as exc:
             raise RunsNotRecorded(f"could not record the start of {len(messages)} entries: {exc}") from exc
 
     def finished(self, result):
-        """Handler thread, right after the chunk (a ChunkResult): ack what succeeded now; take back
-        the count of what it never started (``left``). Returns True when the acks went out (the read
-        loop then only counts them); False leaves them to the loop's next ack, as before.
-        """
-        pairs = [(m.id, m.deliveries - 1) for m in result.left]
-        if not result.acked and not pairs:
-            return True
-        pipe = slot_pipeline(self.conn, self.stream)
-        if result.acked:
-            pipe.xack(self.stream, self.group, *result.acked)
-        if pairs:
-            self._set_counts(pairs, pipeline=pipe)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except ERRORS:
-            return False
-        return bool(result.acked) and not isinstance(replies[0], Exception)
+        return self.ledger.finished(result)
