@@ -150,6 +150,7 @@ def _started(chunk, runs):
         except BaseException:
             chunk.abandon()
             raise
+        chunk.started = time.perf_counter()  # chunk sizes follow handler time, not this round trip
 
 
 def _finished(result, runs):

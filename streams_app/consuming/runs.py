@@ -16,7 +16,7 @@ So the count follows the runs:
 
 What a death charges is then the chunk that was running: one entry for handlers slower than about
 ``loop.CHUNK_TARGET_SECONDS`` (one message per chunk), a few milliseconds' worth for faster ones.
-Counts are set with undeliver.lua, which touches only entries still owned by this consumer. Costs:
+Counts are set with set_runs.lua, which touches only entries still owned by this consumer. Costs:
 one XACK per chunk from its thread (instead of one per read from the loop), and for queued chunks
 one script run at hand-in (per read) and one in the thread.
 """
@@ -46,11 +46,14 @@ class RunLedger:
         self.consumer = consumer
         self.queued = _Queued(self)
 
-    def _set_counts(self, pairs, pipeline=None):
-        args = [self.group, self.consumer]
+    def _set_counts(self, pairs):
+        by_count = {}
         for entry_id, count in pairs:
-            args += [entry_id, count]
-        return scripts.run(self.conn, "undeliver", [self.stream], args, pipeline=pipeline)
+            by_count.setdefault(count, []).append(entry_id)
+        args = [self.group, self.consumer]
+        for count, ids in by_count.items():
+            args += [count, len(ids), *ids]
+        return scripts.run(self.conn, "set_runs", [self.stream], args)
 
     def waiting(self, messages):
         """Read loop: ``messages`` (read, claimed or handed back) wait for a thread: not charged until they start.
