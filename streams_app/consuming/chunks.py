@@ -15,6 +15,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 import time
 
 from asgiref.sync import sync_to_async
@@ -158,6 +159,19 @@ def _finished(result, runs):
     if runs is not None:
         result.sent = runs.finished(result)
     return result
+
+
+# Held while a suspect runs: an entry that was running when a worker died, taken over from it. One
+# at a time per process, so the one that kills its worker dies alone and the deaths are charged to it,
+# not to the neighbours that ran beside it (runs.py).
+_suspects = threading.Lock()
+
+
+def run_suspect(run, *args):
+    """``run(*args)`` (run_chunk on a chunk of one suspect) once no other suspect of this process runs.
+    Its count is set only then (it is handed in as queued), so waiting here charges nothing."""
+    with _suspects:
+        return run(*args)
 
 
 def run_chunk(handler, messages, guard=None, budget=None, runs=None):

@@ -31,7 +31,7 @@ from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
 from streams_app.consuming import refusals
-from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
@@ -113,6 +113,7 @@ class GroupLoop(TakeOver):
         self.one_round_trip = not is_cluster(reader)
 
         self.chunks = {}  # future -> the messages it is handling
+        self.suspects = set()  # ids taken over from a dead or stuck consumer that had run them (takeover.py)
         self.peers = (self,)  # the read loops sharing this one's handler pool (Worker.boot sets them all)
         self.completions = queue.SimpleQueue()
         self.to_ack = []
@@ -330,6 +331,13 @@ class GroupLoop(TakeOver):
 
     def _submit(self, messages):
         size = self.chunk_size
+        suspects = []
+        if self.suspects and not self.spec.is_async:
+            # Taken over from a worker that died while running them: one at a time, alone (run_suspect).
+            suspects = [m for m in messages if m.id in self.suspects]
+            if suspects:
+                self.suspects.difference_update(m.id for m in suspects)
+                messages = [m for m in messages if m.id not in {s.id for s in suspects}]
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
         if self.runs is None:
             argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
@@ -338,7 +346,7 @@ class GroupLoop(TakeOver):
             # those queued behind busy ones are taken back until they start (runs.py). Chunks handed
             # in but not yet collected count as busy, so a queued chunk is never taken for a starting one.
             free = self._free_starts()
-            self.runs.waiting([m for chunk in chunks[free:] for m in chunk])
+            self.runs.waiting([m for chunk in chunks[free:] for m in chunk] + suspects)
             argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget,
                         self.runs if index < free else self.runs.queued) for index, chunk in enumerate(chunks)]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
@@ -346,6 +354,10 @@ class GroupLoop(TakeOver):
             futures = submit_many(self.run_chunk, argsets)
         else:
             futures = [self.executor.submit(self.run_chunk, *args) for args in argsets]
+        for message in suspects:
+            chunks.append([message])
+            futures.append(self.executor.submit(run_suspect, self.run_chunk, self.spec.handler, [message], self.guard,
+                                                self.chunk_budget, self.runs.queued))
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)

@@ -29,12 +29,13 @@ def listed(client, kind, stream, group):
     return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
 
 
-def test_an_entry_that_kills_its_worker_is_the_only_one_dead_lettered(redis, run_consumer):
+@pytest.mark.parametrize("threads", ["1", "4"])  # 4: neighbours run beside the killer, then it runs alone
+def test_an_entry_that_kills_its_worker_is_the_only_one_dead_lettered(redis, run_consumer, threads):
     payloads = [{"n": n} for n in range(20)]
     payloads[0] = {"exit": True}
     ids = publish_raw(redis, "exits", payloads)
     redis.xgroup_create("exits", "g", id="0")
-    supervisor = run_consumer("exits:g", "--workers", "1", "--threads", "1", streams=FAST)
+    supervisor = run_consumer("exits:g", "--workers", "1", "--threads", threads, streams=FAST)
     reclaimer = run_consumer("--interval", "0.1", streams=FAST, command="runreclaimer")
     wait_for(lambda: redis.xlen("{exits}:dlq") + len(set(listed(redis, "handled", "exits", "g"))) >= 20
              and redis.xpending("exits", "g")["pending"] == 0, timeout=90, what="each entry handled or dead-lettered")
