@@ -154,10 +154,10 @@ def _started(chunk, runs):
         chunk.started = time.perf_counter()  # chunk sizes follow handler time, not this round trip
 
 
-def _finished(result, runs):
-    """The chunk's acks sent now, from this thread: a death of the process later does not charge them."""
+def _finished(result, runs, messages):
+    """What returned is recorded now, from this thread: a death of the process later does not charge it."""
     if runs is not None:
-        result.sent = runs.finished(result)
+        runs.finished(result, messages)
     return result
 
 
@@ -187,7 +187,7 @@ def run_chunk(handler, messages, guard=None, budget=None, runs=None):
     if guard is None:
         left = _run_unguarded(handler, chunk, runnable)
         close_old_connections()
-        return _finished(chunk.close(left), runs)
+        return _finished(chunk.close(left), runs, messages)
     call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
@@ -206,7 +206,7 @@ def run_chunk(handler, messages, guard=None, budget=None, runs=None):
             chunk.ran(message)
     chunk.end_guard()
     close_old_connections()
-    return _finished(chunk.close(left), runs)
+    return _finished(chunk.close(left), runs, messages)
 
 
 def _run_unguarded(handler, chunk, runnable):
@@ -356,4 +356,4 @@ async def run_chunk_async(handler, messages, guard=None, budget=None, runs=None)
 
 def _end_guard_and_close(chunk, left, runs=None):
     chunk.end_guard()
-    return _finished(chunk.close(left), runs)
+    return _finished(chunk.close(left), runs, chunk.messages)

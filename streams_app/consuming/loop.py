@@ -402,10 +402,7 @@ class GroupLoop(TakeOver):
                 self.on_failure(Outcome(message, Status.FAILED, exc))
             return
         self._adapt_chunk(result.seconds_per_message)
-        if result.sent:
-            self.handled += len(result.acked)
-        else:
-            self.to_ack.extend(result.acked)
+        self.to_ack.extend(result.acked)
         for outcome in result.failed:
             self.on_failure(outcome)
         if result.unrun:

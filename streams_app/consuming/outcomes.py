@@ -44,7 +44,6 @@ class ChunkResult:
     seconds_per_message: float = 0.0
     left: list = field(default_factory=list)
     unrun: list = field(default_factory=list)
-    sent: bool = False  # ``acked`` already acknowledged by the handler thread (runs.RunLedger.finished)
 
 
 def exception_text(exc):

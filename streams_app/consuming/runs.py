@@ -11,14 +11,16 @@ So the count follows the runs:
   once keep the delivery Redis counted; for those queued behind busy threads it is taken back to the
   runs so far (``deliveries - 1``), so entries that wait for a thread are not charged.
 - ``started`` (handler thread, before a queued chunk's handlers run): the count becomes ``deliveries``.
-- ``finished`` (handler thread, right after they return): the chunk's acks go out at once, not
-  queued for the read loop's next pass.
+- ``finished`` (handler thread, right after they return): the count of each entry whose handler
+  returned is taken back at once, so a death before the read loop's next ack does not charge it
+  (it runs again: at-least-once). Acks stay the loop's, batched: sent from the threads they raced
+  the lost-group protocol.
 
 What a death charges is then the chunk that was running: one entry for handlers slower than about
 ``loop.CHUNK_TARGET_SECONDS`` (one message per chunk), a few milliseconds' worth for faster ones.
 Counts are set with set_runs.lua, which touches only entries still owned by this consumer. Costs:
-one XACK per chunk from its thread (instead of one per read from the loop), and for queued chunks
-one script run at hand-in (per read) and one in the thread.
+one script run per chunk in its thread, and for queued chunks one at hand-in (per read) and one more
+in the thread.
 """
 import logging
 
@@ -72,18 +74,19 @@ class RunLedger:
     def started(self, messages):
         """Handler thread, a chunk that started at once: Redis counted its delivery already."""
 
-    def finished(self, result):
-        """Handler thread, right after the chunk (a ChunkResult): ack what succeeded now. Returns True
-        when the acks went out (the read loop then only counts them); False leaves them to the loop's
-        next ack, as before. What the chunk hands back unstarted (``left``) the loop resubmits: charged
-        while it waits, as any read it holds is, until ``waiting`` takes it back."""
-        if not result.acked:
-            return False
+    def finished(self, result, messages):
+        """Handler thread, right after the chunk (a ChunkResult of ``messages``): the delivery of each
+        entry whose handler returned is taken back at once (``deliveries - 1``: it did not die running),
+        so a death of the process before the read loop's next ack does not charge it. The loop acks
+        them as before: acks from the threads would race the lost-group protocol (lost_group.py)."""
+        acked = set(result.acked)
+        pairs = [(m.id, m.deliveries - 1) for m in messages if m.id in acked]
+        if not pairs:
+            return
         try:
-            self.conn.xack(self.stream, self.group, *result.acked)
+            self._set_counts(pairs)
         except ERRORS:
-            return False
-        return True
+            pass  # charged one run too many should the process die before the ack; retried, not lost
 
 
 class _Queued:
@@ -104,5 +107,5 @@ class _Queued:
         except ERRORS as exc:
             raise RunsNotRecorded(f"could not record the start of {len(messages)} entries: {exc}") from exc
 
-    def finished(self, result):
-        return self.ledger.finished(result)
+    def finished(self, result, messages):
+        return self.ledger.finished(result, messages)
