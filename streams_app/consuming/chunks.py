@@ -15,6 +15,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 import time
 
 from asgiref.sync import sync_to_async
@@ -157,26 +158,59 @@ class Chunk:
 
 # -- sync handlers, in a handler thread ----------------------------------------------------------
 
-def run_chunk(handler, messages, guard=None, budget=None):
+def _started(chunk, runs):
+    """Charge the chunk's delivery before anything of it runs (runs.RunLedger; raises RunsNotRecorded)."""
+    if runs is not None:
+        try:
+            runs.started(chunk.messages)
+        except BaseException:
+            chunk.abandon()
+            raise
+        chunk.started = time.perf_counter()  # chunk sizes follow handler time, not this round trip
+
+
+def _finished(result, runs, messages):
+    """What returned is recorded now, from this thread: a death of the process later does not charge it."""
+    if runs is not None:
+        runs.finished(result, messages)
+    return result
+
+
+# Held while a suspect runs: an entry that was running when a worker died, taken over from it. One
+# at a time per process, so the one that kills its worker dies alone and the deaths are charged to it,
+# not to the neighbours that ran beside it (runs.py).
+_suspects = threading.Lock()
+
+
+def run_suspect(run, *args):
+    """``run(*args)`` (run_chunk on a chunk of one suspect) once no other suspect of this process runs.
+    Its count is set only then (it is handed in as queued), so waiting here charges nothing."""
+    with _suspects:
+        return run(*args)
+
+
+def run_chunk(handler, messages, guard=None, budget=None, runs=None):
     """Run the sync ``handler`` on each message in this thread; return a ChunkResult.
 
-    ``guard`` (streams_app.consuming.idempotency) skips duplicates.
+    ``guard`` (streams_app.consuming.idempotency) skips duplicates. ``runs`` (runs.RunLedger)
+    charges the deliveries when the chunk starts and acks when it ends.
     """
     close_old_connections()
-    result = run_chunk_here(handler, messages, guard, budget)
+    result = run_chunk_here(handler, messages, guard, budget, runs)
     close_old_connections()
     return result
 
 
-def run_chunk_here(handler, messages, guard=None, budget=None):
+def run_chunk_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk`` on the caller's database connection as it stands: no stale-connection check,
     which would close a test's connection and its transaction (streams_app.testing runs handlers so)."""
     chunk = Chunk(messages, guard, budget)
+    _started(chunk, runs)
     runnable = chunk.admit(chunk.runnable())
     if guard is None:
         left = _run_unguarded(handler, chunk, runnable)
         chunk.end(handler)
-        return chunk.close(left)
+        return _finished(chunk.close(left), runs, messages)
     call = _checked(handler)
     left = []
     for index, message in enumerate(runnable):
@@ -195,7 +229,7 @@ def run_chunk_here(handler, messages, guard=None, budget=None):
             chunk.ran(message)
     chunk.end(handler)
     chunk.end_guard()
-    return chunk.close(left)
+    return _finished(chunk.close(left), runs, messages)
 
 
 def _run_unguarded(handler, chunk, runnable):
@@ -292,7 +326,7 @@ class _DbHygiene:
 _db = _DbHygiene()
 
 
-async def run_chunk_async(handler, messages, guard=None, budget=None):
+async def run_chunk_async(handler, messages, guard=None, budget=None, runs=None):
     """Await the ``async def`` ``handler`` on each message in turn; return a ChunkResult.
 
     The guard's Redis round trips run in a thread, off the loop. Nothing is awaited between the
@@ -301,12 +335,14 @@ async def run_chunk_async(handler, messages, guard=None, budget=None):
     worker's EventLoopRunner records the handled entries in the guard and settles in a thread.
     """
     await _db.check()
-    return await run_chunk_async_here(handler, messages, guard, budget)
+    return await run_chunk_async_here(handler, messages, guard, budget, runs)
 
 
-async def run_chunk_async_here(handler, messages, guard=None, budget=None):
+async def run_chunk_async_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk_async`` without the stale-connection check (see run_chunk_here)."""
     chunk = Chunk(messages, guard, budget)
+    if runs is not None:
+        await asyncio.to_thread(_started, chunk, runs)
     try:
         runnable = chunk.runnable()
         if guard is not None and runnable:
@@ -341,11 +377,11 @@ async def run_chunk_async_here(handler, messages, guard=None, budget=None):
         raise
     if chunk.errored:
         _db.after_failure = True  # the error that broke a connection is almost always the handler's own
-    if guard is not None:
-        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left))
+    if guard is not None or runs is not None:
+        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left, runs))
     return chunk.close(left)
 
 
-def _end_guard_and_close(chunk, left):
+def _end_guard_and_close(chunk, left, runs=None):
     chunk.end_guard()
-    return chunk.close(left)
+    return _finished(chunk.close(left), runs, chunk.messages)

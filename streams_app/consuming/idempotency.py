@@ -78,8 +78,10 @@ def transaction_aborted(connection):
 def message_key(message):
     # An outbox message's own id first: its key orders and routes, and many messages may share it.
     key = message.idempotency_id or message.key or message.id
-    if len(key) > 200:
-        # Keys are free text from producers; keep the Redis key and the DB column bounded.
+    if len(key) > 200 or "\x00" in key:
+        # Keys are free text from producers; keep the Redis key and the DB column bounded, and hold
+        # only what every database's text takes (PostgreSQL refuses NUL: the guard's insert would fail
+        # on every delivery). Fields are decoded with U+FFFD for bad bytes, so encode() cannot fail.
         key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
     return key
 

@@ -31,13 +31,14 @@ from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
 from streams_app.consuming import bands, refusals
-from streams_app.consuming.chunks import run_chunk, run_chunk_async
+from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
 from streams_app.consuming.outcomes import Outcome, Status, dead_lettered
 from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
+from streams_app.consuming.runs import RunLedger, RunsNotRecorded
 from streams_app.consuming.takeover import TakeOver
 from streams_app.deadletters import store as deadletters
 from streams_app.keys import dead_letter_key
@@ -88,6 +89,8 @@ class GroupLoop(TakeOver):
         self.retry_base, self.retry_cap = backoff_policy(spec, config)
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
+        # Delivery counts follow handler runs, and acks go out from the handler threads (runs.py).
+        self.runs = RunLedger(conn, self.stream, self.group, consumer)
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
@@ -117,6 +120,8 @@ class GroupLoop(TakeOver):
         self.one_round_trip = not is_cluster(reader)
 
         self.chunks = {}  # future -> the messages it is handling
+        self.suspects = set()  # ids taken over from a dead or stuck consumer that had run them (takeover.py)
+        self.peers = (self,)  # the read loops sharing this one's handler pool (Worker.boot sets them all)
         self.completions = queue.SimpleQueue()
         self.to_ack = []
         self.ready = False
@@ -361,16 +366,43 @@ class GroupLoop(TakeOver):
 
     def _submit(self, messages):
         size = self.chunk_size
+        suspects = []
+        if self.suspects and not self.spec.is_async:
+            # Taken over from a worker that died while running them: one at a time, alone (run_suspect).
+            suspects = [m for m in messages if m.id in self.suspects]
+            if suspects:
+                self.suspects.difference_update(m.id for m in suspects)
+                messages = [m for m in messages if m.id not in {s.id for s in suspects}]
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
+        if self.runs is None:
+            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
+        else:
+            # Chunks a free thread (or coroutine slot) starts at once keep the delivery Redis counted;
+            # those queued behind busy ones are taken back until they start (runs.py). Chunks handed
+            # in but not yet collected count as busy, so a queued chunk is never taken for a starting one.
+            free = self._free_starts()
+            self.runs.waiting([m for chunk in chunks[free:] for m in chunk] + suspects)
+            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget,
+                        self.runs if index < free else self.runs.queued) for index, chunk in enumerate(chunks)]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
         else:
             futures = [self.executor.submit(self.run_chunk, *args) for args in argsets]
+        for message in suspects:
+            chunks.append([message])
+            futures.append(self.executor.submit(run_suspect, self.run_chunk, self.spec.handler, [message], self.guard,
+                                                self.chunk_budget, self.runs.queued))
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
+
+    def _free_starts(self):
+        """How many chunks handed in now start at once: the pool (threads, or the event loop's slots) is
+        the worker's, shared by its read loops (``peers``, set by the worker)."""
+        parallel = self.slots if self.spec.is_async else self.threads
+        busy = sum(loop.busy_chunks for loop in self.peers if loop.spec.is_async == self.spec.is_async)
+        return max(0, parallel - busy)
 
     def collect(self, timeout=0.0):
         """Take in finished chunks; wait up to ``timeout`` seconds for the first one."""
@@ -394,6 +426,10 @@ class GroupLoop(TakeOver):
         except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
             if is_oom(exc):  # the redis guard cannot set its marks at maxmemory: run these later
                 refusals.refused("idempotency", exc)
+                self._not_run(chunk)
+                return
+            if isinstance(exc, RunsNotRecorded):  # Redis did not answer before any handler of it ran
+                logger.warning("Consumer %s: %s of %s/%s; retried", self.consumer, exc, self.stream, self.group)
                 self._not_run(chunk)
                 return
             logger.exception("Consumer %s: a handler chunk of %s/%s failed outside its handler", self.consumer, self.stream, self.group)

@@ -114,6 +114,9 @@ class OrderedGroupLoop(GroupLoop):
 
     def __init__(self, spec, consumer, *, lease, **kwargs):
         super().__init__(spec, consumer, **kwargs)
+        # Acks are fenced by the lease (ordered_ack.lua): never sent from a handler thread. Ordered
+        # mode keeps Redis's delivery counts (runs.py is not used here).
+        self.runs = None
         self.lease = lease
         self.lease_key = lease.key
         self.threads = 1

@@ -5,6 +5,8 @@ No imports from the rest of streams_app: the metrics and the dead-letter code re
 import enum
 from dataclasses import dataclass, field
 
+from shoal_common.text import safe_text
+
 
 class Status(enum.Enum):
     FAILED = "error"  # the handler raised (or could not run): retried, dead-lettered at max_deliveries
@@ -58,14 +60,15 @@ def exception_text(exc):
 
     Exceptions that format their attributes in ``__str__`` can fail there; describing a handler's
     failure must not become a second failure in the read loop. Falls back to ``repr``, then to the
-    type name alone.
+    type name alone. Text UTF-8 cannot hold (a lone surrogate) is escaped (safe_text): the description
+    goes to Redis and to logs.
     """
     name = type(exc).__name__
     try:
-        return f"{name}: {exc}"
+        return safe_text(f"{name}: {exc}")
     except BaseException:  # noqa: BLE001 -- whatever __str__ raises, the description must not
         pass
     try:
-        return f"{name} (str() failed): {exc!r}"
+        return safe_text(f"{name} (str() failed): {exc!r}")
     except BaseException:  # noqa: BLE001
         return f"{name} (str() and repr() failed)"

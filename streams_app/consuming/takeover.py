@@ -93,6 +93,7 @@ class TakeOver:
                 min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
                 claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
                 got = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+                self._note_suspects(got)
                 if got:
                     logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
                                 self.consumer, len(got), name, self.stream, self.group)
@@ -176,9 +177,17 @@ class TakeOver:
         self._forget_retries(wanted)
         claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
         entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+        self._note_suspects(entries)
         if entries:
             logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
         return entries
+
+    def _note_suspects(self, entries):
+        """Entries whose count says a handler ran them (runs.py): their holder died or hung while running
+        them, maybe because of them. They run alone (loop._submit), so one that kills its worker again is
+        charged its deaths and the others, which only ran beside it, are not."""
+        if self.runs is not None:
+            self.suspects.update(entry_id for entry_id, _, deliveries in entries if deliveries > 1)
 
     def _forget_retries(self, entry_ids):
         if any(entry_id in entry_ids for _, entry_id, _ in self.retries):

@@ -180,6 +180,7 @@ class Worker:
                 shutdown=self.shutdown, config=self.config, clock=self.clock, concurrency=self.concurrency,
                 outage=self.outage,
             )
+            loop.peers = self.loops  # they share the handler pool: a chunk starts at once only if it is free
             if not self.can_unblock:
                 loop.block_ms = min(loop.block_ms, SHORT_BLOCK_MS)
                 loop.can_list_clients = False

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import redis
 
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
-from shoal_common.text import to_text
+from shoal_common.text import safe_text, to_text
 from streams_app import keys, scripts
 from streams_app.connection import get_connection, slot_pipeline
 from streams_app.consuming.outcomes import exception_text
@@ -47,10 +47,13 @@ RESERVED_FIELDS = (*METADATA_FIELDS, PACKED_FIELDS, TARGET_GROUP, REPLAY_OF)
 def describe(exc, poison=False):
     """(error, traceback) of an exception, bounded; never raises. Poison input is ``decode: <reason>``."""
     if poison:
-        return f"{DECODE_ERROR}: {exc}"[:MAX_ERROR_CHARS], ""
+        return safe_text(f"{DECODE_ERROR}: {exc}")[:MAX_ERROR_CHARS], ""
     error = exception_text(exc)[:MAX_ERROR_CHARS]
-    lines = tb_module.format_exception(type(exc), exc, exc.__traceback__, limit=-TRACEBACK_FRAMES)
-    return error, "".join(lines)[-MAX_TRACEBACK_CHARS:]
+    try:
+        lines = tb_module.format_exception(type(exc), exc, exc.__traceback__, limit=-TRACEBACK_FRAMES)
+    except BaseException:  # noqa: BLE001 -- a chained exception's __str__ may raise too
+        lines = []
+    return error, safe_text("".join(lines))[-MAX_TRACEBACK_CHARS:]
 
 
 def record_errors(conn, stream, group, consumer, failures, ttl, pipeline=None):
@@ -59,7 +62,9 @@ def record_errors(conn, stream, group, consumer, failures, ttl, pipeline=None):
     at = str(int(time.time() * 1000))
     for entry_id, error, traceback in failures:
         key = keys.error_key(stream, group, entry_id)
-        pipe.hset(key, mapping={"error": error, "traceback": traceback, "consumer": consumer, "at": at})
+        # Every writer of error text comes through here or move(): made safe once for all (safe_text).
+        pipe.hset(key, mapping={"error": safe_text(error), "traceback": safe_text(traceback),
+                                "consumer": safe_text(consumer), "at": at})
         pipe.expire(key, ttl)
     if pipeline is None:
         pipe.execute()
@@ -128,7 +133,7 @@ def move(conn, stream, group, failures, pipeline=None):
         script_keys += [keys.error_key(stream, group, entry_id) for entry_id, _, _ in batch]
         args = [group, failed_at]
         for entry_id, error, traceback in batch:
-            args += [entry_id, error or "", traceback or ""]
+            args += [entry_id, safe_text(error or ""), safe_text(traceback or "")]
         queued.batches.append((len(pipe.command_stack), [entry_id for entry_id, _, _ in batch]))
         scripts.run(conn, "dead_letter", script_keys, args, pipeline=pipe)
     if pipeline is not None:

@@ -1,6 +1,7 @@
 -- Take back the delivery count of entries whose handler never ran (the redis guard's marks were
 -- refused at maxmemory, or another consumer is running the same key), so that such deliveries never
 -- count towards max_deliveries and never make the reclaim daemon dead-letter an entry that never ran.
+-- The run ledger (streams_app/consuming/runs.py) sets counts the same way with set_runs.lua.
 -- KEYS: stream. ARGV: group, consumer, then per entry: id, the deliveries that ran.
 -- Only entries still owned by this consumer are touched (one another consumer took over is left to
 -- it). XCLAIM ... RETRYCOUNT JUSTID sets the count and resets the idle time; it is allowed at maxmemory.

@@ -58,6 +58,16 @@ def kills_its_process(message):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@consumer("exits", group="g", max_deliveries=3, retry_backoff=0.1)
+def exits_its_process(message):
+    """``exit``: os._exit(1) mid-handler, as a segfault or the OOM killer would; else a normal handler."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    record("started", message)
+    if payload.get("exit"):
+        os._exit(1)
+    record("handled", message)
+
+
 @consumer("idem", group="r", idempotent="redis", retry_backoff=0.05)
 def idempotent_in_redis(message):
     behave(message)
@@ -237,6 +247,10 @@ class BadStr(Exception):
         return f"order {self.order_id} failed"
 
 
+NOT_UTF8_NAME = os.fsdecode(b"report-\xff.csv")  # "report-\udcff.csv"
+NOT_UTF8_DIR = os.fsdecode(b"in-\xfe")
+
+
 def _raise_what_is_asked(message):
     record("started", message)
     kind = message.payload.get("raise")
@@ -248,10 +262,18 @@ def _raise_what_is_asked(message):
         raise GeneratorExit
     if kind == "BadStr":
         raise BadStr()
+    if kind == "Surrogate":  # a file name that is not UTF-8, as os.fsdecode gives it: a lone surrogate
+        raise ValueError(f"cannot parse {NOT_UTF8_NAME}")
+    if kind == "SurrogateTraceback":  # the surrogate only in the chained cause, so only in the traceback
+        try:
+            raise OSError(f"no such file {NOT_UTF8_DIR}")
+        except OSError as exc:
+            raise RuntimeError("could not read the report") from exc
     record("handled", message)
 
 
 consumer("raises", group="g", max_deliveries=2, retry_backoff=0.05)(_raise_what_is_asked)
+consumer("raisesr", group="g", max_deliveries=2, retry_backoff=0.05, idempotent="redis")(_raise_what_is_asked)
 
 
 @consumer("araises", group="g", max_deliveries=2, retry_backoff=0.05)

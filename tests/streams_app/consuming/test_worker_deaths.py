@@ -1,0 +1,70 @@
+"""A worker's death charges only the entries it was running (issue 32, item 2), with real processes.
+
+docs/failures.md: max_deliveries counts handler runs (and deaths mid-handler), never refusals. A worker
+killed with a read of many entries must not charge a delivery to those only waiting for a thread, nor to
+those whose handler had returned; the takeovers and the reclaim daemon then dead-letter only the entry
+that keeps killing its worker.
+"""
+import json
+import signal
+from collections import Counter
+
+import pytest
+
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+FAST = {"PENDING_TIMEOUT_MS": 400, "CLAIM_INTERVAL_MS": 100, "RETRY_BACKOFF": 0.1, "CONSUMER_TTL": 2}
+
+
+def publish_raw(client, stream, payloads):
+    pipe = client.pipeline(transaction=False)
+    for payload in payloads:
+        pipe.xadd(stream, {"payload": json.dumps(payload)})
+    return pipe.execute()
+
+
+def listed(client, kind, stream, group):
+    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])  # 4: neighbours run beside the killer, then it runs alone
+def test_an_entry_that_kills_its_worker_is_the_only_one_dead_lettered(redis, run_consumer, threads):
+    payloads = [{"n": n} for n in range(20)]
+    payloads[0] = {"exit": True}
+    ids = publish_raw(redis, "exits", payloads)
+    redis.xgroup_create("exits", "g", id="0")
+    supervisor = run_consumer("exits:g", "--workers", "1", "--threads", threads, streams=FAST)
+    reclaimer = run_consumer("--interval", "0.1", streams=FAST, command="runreclaimer")
+    wait_for(lambda: redis.xlen("{exits}:dlq") + len(set(listed(redis, "handled", "exits", "g"))) >= 20
+             and redis.xpending("exits", "g")["pending"] == 0, timeout=90, what="each entry handled or dead-lettered")
+    letters = [f for _, f in redis.xrange("{exits}:dlq")]
+    assert [f["shoal:origin_id"] for f in letters] == [ids[0]], [(f["shoal:origin_id"], f["shoal:deliveries"]) for f in letters]
+    assert letters[0]["shoal:deliveries"] == "3"
+    started = Counter(listed(redis, "started", "exits", "g"))
+    assert started[ids[0]] == 3  # three runs, three deaths: never a fourth
+    assert sorted(set(listed(redis, "handled", "exits", "g"))) == sorted(ids[1:])
+    for proc in (supervisor, reclaimer):
+        proc.signal(signal.SIGTERM)
+    assert [supervisor.wait(60), reclaimer.wait(60)] == [0, 0], supervisor.output() + reclaimer.output()
+
+
+def test_a_kill_with_max_deliveries_1_dead_letters_only_the_entries_that_were_running(redis, run_consumer):
+    ids = publish_raw(redis, "slow", [{"n": n, "sleep": 2} for n in range(6)])
+    redis.xgroup_create("slow", "once", id="0")
+    first = run_consumer("slow:once", "--threads", "2", streams=FAST)
+    wait_for(lambda: len(listed(redis, "started", "slow", "once")) == 2, timeout=30, what="two handlers running")
+    # Two run, two more wait for a thread (a read takes twice the threads); kill -9 now.
+    wait_for(lambda: redis.xpending("slow", "once")["pending"] == 4, timeout=10, what="four entries read")
+    first.kill()
+    running = set(listed(redis, "started", "slow", "once"))
+    assert len(running) == 2
+    second = run_consumer("slow:once", "--threads", "2", streams=FAST)
+    wait_for(lambda: len(listed(redis, "handled", "slow", "once")) + redis.xlen("{slow}:dlq") == 6
+             and redis.xpending("slow", "once")["pending"] == 0, timeout=60, what="every entry handled or dead-lettered")
+    dead = {f["shoal:origin_id"] for _, f in redis.xrange("{slow}:dlq")}
+    assert dead == running  # max_deliveries=1: the two that died mid-handler, and only they
+    assert sorted(listed(redis, "handled", "slow", "once")) == sorted(set(ids) - running)
+    second.signal(signal.SIGTERM)
+    assert second.wait(60) == 0, second.output()
