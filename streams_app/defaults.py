@@ -5,7 +5,7 @@ check each key against its kind; docs/settings.md shows the table (``python -m p
 writes it, and a test fails when the docs drift). Add a key here, and only here.
 """
 
-from shoal_common.appsettings import (MILLISECONDS_INT, NON_EMPTY_STRING, POSITIVE_INT, POSITIVE_NUMBER, SECONDS_INT, Kind,
+from shoal_common.appsettings import (BOOLEAN, MILLISECONDS_INT, NON_EMPTY_STRING, POSITIVE_INT, POSITIVE_NUMBER, SECONDS_INT, Kind,
                                      Setting, defaults_of)
 
 CACHE_ALIAS = Kind("django-redis cache alias")  # checked against CACHES by streams_app.E004 / E005
@@ -28,6 +28,11 @@ SETTINGS = (
             "They share one event loop; sync handlers are bounded by THREADS instead."),
     Setting("PENDING_TIMEOUT_MS", 30_000, MILLISECONDS_INT,
             "An entry unacknowledged for this long is taken to be abandoned and may be claimed by a live consumer."),
+    Setting("COUNT_HANDLER_RUNS", True, BOOLEAN,
+            "Delivery counts follow handler runs started, so a worker's death charges only the entries it was running "
+            "and max_deliveries never dead-letters an entry for runs it never had (docs/failures.md). It costs a Redis "
+            "script per chunk: False keeps Redis's own counts (a death charges every entry of the worker's reads) "
+            "for about 4x the throughput of no-op handlers (bench/README.md)."),
     Setting("CLAIM_INTERVAL_MS", 10_000, MILLISECONDS_INT,
             "How often a consumer looks for abandoned entries (XAUTOCLAIM) and for its own failed ones."),
     Setting("SHUTDOWN_TIMEOUT", 30.0, POSITIVE_NUMBER,

@@ -89,8 +89,8 @@ class GroupLoop(TakeOver):
         self.retry_base, self.retry_cap = backoff_policy(spec, config)
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
-        # Delivery counts follow handler runs, and acks go out from the handler threads (runs.py).
-        self.runs = RunLedger(conn, self.stream, self.group, consumer)
+        # Delivery counts follow handler runs (runs.py), unless STREAMS["COUNT_HANDLER_RUNS"] trades that for speed.
+        self.runs = RunLedger(conn, self.stream, self.group, consumer) if config["COUNT_HANDLER_RUNS"] else None
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)

@@ -68,3 +68,23 @@ def test_a_kill_with_max_deliveries_1_dead_letters_only_the_entries_that_were_ru
     assert sorted(listed(redis, "handled", "slow", "once")) == sorted(set(ids) - running)
     second.signal(signal.SIGTERM)
     assert second.wait(60) == 0, second.output()
+
+
+def test_without_count_handler_runs_a_kill_charges_every_entry_read(redis, run_consumer):
+    # STREAMS["COUNT_HANDLER_RUNS"] = False trades the exact counts for throughput (docs/failures.md): Redis's
+    # own counts then charge the kill to the two entries that were only waiting for a thread as well.
+    streams = {**FAST, "COUNT_HANDLER_RUNS": False}
+    publish_raw(redis, "slow", [{"n": n, "sleep": 2} for n in range(6)])
+    redis.xgroup_create("slow", "once", id="0")
+    first = run_consumer("slow:once", "--threads", "2", streams=streams)
+    wait_for(lambda: len(listed(redis, "started", "slow", "once")) == 2, timeout=30, what="two handlers running")
+    wait_for(lambda: redis.xpending("slow", "once")["pending"] == 4, timeout=10, what="four entries read")
+    first.kill()
+    running = set(listed(redis, "started", "slow", "once"))
+    second = run_consumer("slow:once", "--threads", "2", streams=streams)
+    wait_for(lambda: len(listed(redis, "handled", "slow", "once")) + redis.xlen("{slow}:dlq") == 6
+             and redis.xpending("slow", "once")["pending"] == 0, timeout=60, what="every entry handled or dead-lettered")
+    dead = {f["shoal:origin_id"] for _, f in redis.xrange("{slow}:dlq")}
+    assert running < dead and len(dead) == 4  # the two running and the two that never ran
+    second.signal(signal.SIGTERM)
+    assert second.wait(60) == 0, second.output()
