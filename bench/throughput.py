@@ -202,6 +202,8 @@ def main():
                         help="with N > 1, also time the supervisor with N worker processes (runconsumer --workers N)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="alternate (a) and (b) N times and print the median ratio b/a")
+    parser.add_argument("--redis-counts", action="store_true",
+                        help="STREAMS['COUNT_HANDLER_RUNS'] = False: Redis's own delivery counts, no run ledger")
     parser.add_argument("--codec", help="STREAMS['CODEC'] of the publisher and the consumers (default: the setting's)")
     parser.add_argument("--typed", action="store_true", help="payloads with a datetime, a Decimal and a UUID")
     parser.add_argument("--busy", action="store_true",
@@ -217,8 +219,11 @@ def main():
         os.environ["BENCH_GC_FREEZE"] = "1"
     if args.gc_threshold:
         os.environ["BENCH_GC_THRESHOLD"] = str(args.gc_threshold)  # the plain loop and runconsumer read it
-    if args.codec:
-        os.environ["SHOAL_TEST_STREAMS"] = json.dumps({"CODEC": args.codec})  # tests.settings reads it, here and in runconsumer
+    streams = {"CODEC": args.codec} if args.codec else {}
+    if args.redis_counts:
+        streams["COUNT_HANDLER_RUNS"] = False
+    if streams:
+        os.environ["SHOAL_TEST_STREAMS"] = json.dumps(streams)  # tests.settings reads it, here and in runconsumer
     server = start_redis()
     try:
         setup_django(server.url)
