@@ -23,11 +23,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from shoal_common.redis_errors import is_missing, may_have_run
+from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import ALIVE, DEAD, group_consumers
+from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, wrong_type_problem
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
@@ -163,9 +163,18 @@ def _with_details(conn, stream, group, rows):
         entry_id = _text(row["message_id"])
         pipe.xrange(stream, min=entry_id, max=entry_id)
         pipe.hmget(keys.error_key(stream, group, entry_id), "error", "at")
-    found = pipe.execute() if rows else []
+    found = pipe.execute(raise_on_error=False) if rows else []
     page = []
-    for row, entry, (error, at) in zip(rows, found[0::2], found[1::2]):
+    for row, entry, record in zip(rows, found[0::2], found[1::2]):
+        if isinstance(entry, Exception):
+            raise entry
+        if isinstance(record, Exception):
+            if not is_wrongtype(record):
+                raise record
+            # One error record of another type must not hide the whole list: that entry says so.
+            key = keys.error_key(stream, group, _text(row["message_id"]))
+            record = (wrong_type_problem(conn, key, "hash", "the last error cannot be read"), None)
+        error, at = record
         fields = {_text(k): _text(v) for k, v in entry[0][1].items()} if entry else None
         payload = "(deleted from the stream)" if fields is None else fields.get("payload", fields.get("data", ""))
         page.append({
@@ -243,7 +252,10 @@ def pending_entries(model_admin, request, object_id):
         model_admin.message_user(request, f"Redis is unreachable ({type(exc).__name__}: {exc}): the entries cannot "
                                           "be listed or acted on now. The count is the mirror's last copy.",
                                  messages.ERROR)
-    consumers = group_consumers(conn, stream, group.name)
+    problems = []
+    consumers = group_consumers(conn, stream, group.name, problems)
+    for problem in problems:
+        model_admin.message_user(request, problem, messages.WARNING)
     liveness = {c.name: c.liveness for c in consumers}
     policy = RetryPolicy(stream, group.name)
     for entry in page:
@@ -416,7 +428,8 @@ def _act(conn, request, stream, group, action, owners, target):
     pipe = conn.pipeline(transaction=False)
     for entry_id in still:
         pipe.hexists(keys.error_key(stream, group, entry_id), "error")
-    recorded = pipe.execute()
+    # A last-error record of another type counts as none: the move records the admin's note instead.
+    recorded = [r is True for r in pipe.execute(raise_on_error=False)]
     note = f"moved to the dead letters by {request.user.get_username()} from the admin"
     result = deadletters.move(conn, stream, group, [(i, "" if r else note, "") for i, r in zip(still, recorded)])
     return [entry_id for entry_id, _ in result.moved]
