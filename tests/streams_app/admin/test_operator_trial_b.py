@@ -1,9 +1,11 @@
 """What a second on-call operator's trial of the control room found (issue 33, trial b): keys of
 another type, the dead letter's own buttons, a resubmitted task retry."""
+from html.parser import HTMLParser
+
 import pytest
 
 from streams_app import keys
-from streams_app.models import ConsumerGroup
+from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -88,3 +90,47 @@ def test_find_a_message_names_an_error_record_of_another_type(staff_client, redi
     response = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": entry})
     assert response.status_code == 200
     assert f"Redis key &#x27;{bad}&#x27; holds a string, not a hash" in response.content.decode()
+
+
+# -- F3: the dead letter's own Replay / Delete buttons ------------------------------------------
+
+class Forms(HTMLParser):
+    """Each <form> with its action, the forms it was opened inside, and the submit buttons it holds
+    as a browser assigns them (a button belongs to the innermost open form)."""
+
+    def __init__(self):
+        super().__init__()
+        self.open, self.forms = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "form":
+            form = {"action": attrs.get("action"), "inside": [f["action"] for f in self.open], "buttons": {},
+                    "fields": {}}
+            self.forms.append(form)
+            self.open.append(form)
+        elif tag == "button" and self.open:
+            self.open[-1]["buttons"][attrs.get("value")] = attrs.get("name")
+        elif tag == "input" and self.open and attrs.get("type") == "hidden":
+            self.open[-1]["fields"][attrs.get("name")] = attrs.get("value")
+
+    def handle_endtag(self, tag):
+        if tag == "form" and self.open:
+            self.open.pop()
+
+
+def test_a_dead_letters_replay_and_delete_buttons_are_in_a_form_of_their_own_posting_to_the_list(staff_client, redis):
+    dead_letter(redis, [{"n": 1}])
+    client = staff_client("streams_app.replay_deadletter", "streams_app.delete_deadletter")
+    client.get(LETTERS)
+    letter = DeadLetter.objects.get()
+    parser = Forms()
+    parser.feed(client.get(f"{LETTERS}{letter.pk}/change/").content.decode())
+    assert [f for f in parser.forms if f["inside"]] == []  # browsers drop a nested form's tag
+    [actions] = [f for f in parser.forms if "replay_selected" in f["buttons"]]
+    assert actions["action"] == LETTERS
+    assert set(actions["buttons"]) == {"replay_selected", "delete_selected_dead_letters"}
+    for value in actions["buttons"]:  # what the click sends reaches the confirmation, not a 403
+        confirm = client.post(actions["action"], {**actions["fields"], "action": value})
+        assert confirm.status_code == 200 and b"Are you sure?" in confirm.content, value
+    assert redis.xlen(keys.dead_letter_key("jobs")) == 1
