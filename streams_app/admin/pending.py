@@ -74,6 +74,15 @@ def parse_owner(value):
     return value[1:] if value.startswith("=") else value
 
 
+def real_consumer(conn, stream, group, name):
+    """The consumer of the group that the page shows as ``name``, as the bytes Redis holds (a name that
+    is not UTF-8 is shown with \\xNN escapes); ``name`` itself when none is."""
+    for consumer in conn.xinfo_consumers(stream, group):
+        if _text(consumer["name"]) == name:
+            return consumer["name"]
+    return name
+
+
 def owner_label(name):
     return name if name else "(empty name)"
 
@@ -100,7 +109,7 @@ def _pending_range(conn, stream, group, start, count, filters):
     ``xpending_range`` leaves a consumer named "" out, which would list every owner's entries."""
     args = [stream, group, *(["IDLE", int(filters.min_idle * 1000)] if filters.min_idle else []), start, "+", count]
     if filters.consumer is not None:
-        args.append(filters.consumer)
+        args.append(real_consumer(conn, stream, group, filters.consumer))
     return conn.execute_command("XPENDING", *args, parse_detail=True)
 
 
@@ -358,7 +367,7 @@ def _pending_action(model_admin, request, group, allowed):
             for rows in matching(conn, stream, group.name, filters):
                 in_flight = rows
                 batch = _act(conn, request, stream, group.name, action,
-                             {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+                             {_text(r["message_id"]): r["consumer"] for r in rows}, target)
                 in_flight = []
                 done += batch
                 batches.append(batch)
@@ -403,12 +412,16 @@ def _apply(conn, request, stream, group, action, ids, target):
     pipe = conn.pipeline(transaction=False)
     for entry_id in ids:
         pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
-    owners = {i: _text(rows[0]["consumer"]) for i, rows in zip(ids, pipe.execute()) if rows}
+    owners = {i: rows[0]["consumer"] for i, rows in zip(ids, pipe.execute()) if rows}
     return _act(conn, request, stream, group, action, owners, target) if owners else []
 
 
 def _act(conn, request, stream, group, action, owners, target):
-    """Do ``action`` on pending entries (id -> owner); return the ids it was done to."""
+    """Do ``action`` on pending entries (id -> owner, as Redis gave it); return the ids it was done to.
+
+    Owners stay the bytes Redis holds and a claim's target (the page's text) is matched back to
+    them: a name that is not UTF-8 is shown escaped, and claiming to the escaped text would make a
+    new consumer nobody runs."""
     still = list(owners)
     if action == "ack":
         conn.xack(stream, group, *still)
@@ -418,9 +431,10 @@ def _act(conn, request, stream, group, action, owners, target):
         # delivery, so the counts stay honest. (A plain XCLAIM would reset the idle time and delay
         # the entry by a whole pending timeout.)
         idle = RetryPolicy(stream, group).due_idle_ms()
+        to = real_consumer(conn, stream, group, target) if action == "claim" else None
         by_owner = {}
         for entry_id in still:
-            by_owner.setdefault(target if action == "claim" else owners[entry_id], []).append(entry_id)
+            by_owner.setdefault(to if action == "claim" else owners[entry_id], []).append(entry_id)
         pipe = conn.pipeline(transaction=False)
         for owner, owned in by_owner.items():
             pipe.xclaim(stream, group, owner, min_idle_time=0, message_ids=owned, idle=idle, justid=True)

@@ -134,3 +134,29 @@ def test_a_dead_letters_replay_and_delete_buttons_are_in_a_form_of_their_own_pos
         confirm = client.post(actions["action"], {**actions["fields"], "action": value})
         assert confirm.status_code == 200 and b"Are you sure?" in confirm.content, value
     assert redis.xlen(keys.dead_letter_key("jobs")) == 1
+
+
+# -- F2: a consumer name that is not UTF-8 -------------------------------------------------------
+
+@pytest.mark.both_redis
+@pytest.mark.parametrize("action", ["claim", "retry"])
+def test_an_owner_whose_name_is_not_utf8_is_filtered_and_claimed_as_the_real_consumer(staff_client, redis_server,
+                                                                                      redis, action):
+    raw = redis_server.client(decode_responses=False)  # bytes in, bytes out
+    ids = pending(redis, "jobs", "a", [{"n": 1}], consumer="c1")
+    ids += pending(redis, "jobs", "a", [{"n": 2}])
+    raw.xclaim("jobs", "a", b"\xff\xfebad", 0, [ids[1]])
+    client = staff_client("streams_app.claim_pending", "streams_app.retry_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/pending/"
+    shown = "\\xff\\xfebad"
+    assert [e["id"] for e in client.get(url, {"consumer": "=" + shown}).context["entries"]] == ids[1:]
+    if action == "claim":  # c1's entry to the consumer shown escaped: the real one, no new consumer
+        posted = {"action": "claim", "entry": [ids[0]], "consumer": "=" + shown, "post": "yes"}
+    else:  # made due at once, staying with its real owner
+        posted = {"action": "retry", "entry": [ids[1]], "post": "yes"}
+    assert client.post(url, posted).status_code == 302
+    owners = {row["consumer"] for row in raw.xpending_range("jobs", "a", "-", "+", 10)}
+    assert owners == ({b"\xff\xfebad"} if action == "claim" else {b"c1", b"\xff\xfebad"})
+    assert {c["name"] for c in raw.xinfo_consumers("jobs", "a")} == {b"c1", b"\xff\xfebad"}
