@@ -324,10 +324,11 @@ def _pending_action(model_admin, request, group, allowed):
     target = parse_owner(request.POST.get("consumer", ""))
     back = request.get_full_path()
     conn = web_connection()
-    if action == "claim" and target not in {c.name for c in group_consumers(conn, stream, group.name) if c.claimable}:
-        model_admin.message_user(request, "Choose a consumer that is not dead to claim the entries to (the list "
-                                          "offers the group's consumers and live readers of the stream).", messages.ERROR)
-        return HttpResponseRedirect(back)
+    if action == "claim":
+        refused = _claim_refusal(conn, stream, group, target)
+        if refused:
+            model_admin.message_user(request, refused + " Nothing was claimed.", messages.ERROR)
+            return HttpResponseRedirect(back)
     if not request.POST.get("post"):
         interval = get_settings()["CLAIM_INTERVAL_MS"] / 1000
         warning = {
@@ -405,6 +406,30 @@ def _pending_action(model_admin, request, group, allowed):
                                           "meanwhile); nothing was done to them.", messages.WARNING)
     mirror.try_sync(conn)
     return HttpResponseRedirect(back)
+
+
+def _claim_refusal(conn, stream, group, target):
+    """Why ``target`` cannot take claimed entries (None: it can), saying what is actually wrong."""
+    consumers = {c.name: c for c in group_consumers(conn, stream, group.name)}
+    if target in consumers and consumers[target].claimable:
+        return None
+    offered = "the list offers the group's consumers and live readers of the stream"
+    if target is None:
+        return f"Choose a consumer to claim the entries to ({offered})."
+    if not consumers and not _group_exists(conn, stream, group.name):
+        return f"Group {group} no longer exists in Redis."
+    if target not in consumers:
+        return f"{group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
+    return f"Consumer {owner_label(target)!r} is dead (its liveness lapsed): choose one that is not ({offered})."
+
+
+def _group_exists(conn, stream, group):
+    try:
+        return any(_text(g["name"]) == group for g in conn.xinfo_groups(stream))
+    except redis.ResponseError as exc:
+        if is_missing(exc):
+            return False
+        raise
 
 
 def _apply(conn, request, stream, group, action, ids, target):

@@ -160,3 +160,26 @@ def test_an_owner_whose_name_is_not_utf8_is_filtered_and_claimed_as_the_real_con
     owners = {row["consumer"] for row in raw.xpending_range("jobs", "a", "-", "+", 10)}
     assert owners == ({b"\xff\xfebad"} if action == "claim" else {b"c1", b"\xff\xfebad"})
     assert {c["name"] for c in raw.xinfo_consumers("jobs", "a")} == {b"c1", b"\xff\xfebad"}
+
+
+# -- F5: a refused claim says what is wrong -------------------------------------------------------
+
+@pytest.mark.both_redis
+def test_a_refused_claim_names_a_missing_consumer_or_a_vanished_group_not_a_dead_one(staff_client, redis):
+    [entry] = pending(redis, "jobs", "a", [{"n": 1}])
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/pending/"
+
+    def refusal(consumer):
+        said = messages_of(client.post(url, {"action": "claim", "entry": [entry], "consumer": consumer,
+                                             "post": "yes"}, follow=True))
+        assert not any("not dead" in m for m in said), said
+        return said
+
+    said = refusal("nobody-here")
+    assert any("jobs:a has no consumer named 'nobody-here'" in m and "Nothing was claimed" in m for m in said), said
+    redis.delete("jobs")
+    said = refusal("=c1")
+    assert any(m == "Group jobs:a no longer exists in Redis. Nothing was claimed." for m in said), said
