@@ -286,7 +286,8 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         return request.user.has_perm("streams_app.delete_deadletter")
 
     def gone_message(self, count):
-        return (f"{count} of the selected dead letters are gone: replayed or deleted by someone else meanwhile. "
+        return (f"{count} of the selected dead letters {'is' if count == 1 else 'are'} gone: replayed or deleted by "
+                "someone else meanwhile. "
                 "Nothing was done to them.")
 
     # -- columns ----------------------------------------------------------------------------

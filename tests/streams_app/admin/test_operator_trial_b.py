@@ -183,3 +183,19 @@ def test_a_refused_claim_names_a_missing_consumer_or_a_vanished_group_not_a_dead
     redis.delete("jobs")
     said = refusal("=c1")
     assert any(m == "Group jobs:a no longer exists in Redis. Nothing was claimed." for m in said), said
+
+
+# -- F6: wording -----------------------------------------------------------------------------------
+
+def test_one_dead_letter_gone_meanwhile_is_said_in_the_singular(staff_client, redis):
+    from streams_app.admin import mirror
+
+    [gone] = dead_letter(redis, [{"n": 1}])
+    mirror.sync_all()
+    pk = DeadLetter.objects.get(entry_id=gone).pk
+    client = staff_client("streams_app.replay_deadletter", "streams_app.delete_deadletter")
+    selected = {"_selected_action": [str(pk)], "post": "yes"}
+    client.post(LETTERS, {"action": "replay_selected", **selected})  # another admin, after this page was rendered
+    response = client.post(LETTERS, {"action": "delete_selected_dead_letters", **selected}, follow=True)
+    said = messages_of(response)
+    assert any(m.startswith("1 of the selected dead letters is gone:") for m in said), said
