@@ -199,3 +199,13 @@ def test_one_dead_letter_gone_meanwhile_is_said_in_the_singular(staff_client, re
     response = client.post(LETTERS, {"action": "delete_selected_dead_letters", **selected}, follow=True)
     said = messages_of(response)
     assert any(m.startswith("1 of the selected dead letters is gone:") for m in said), said
+
+
+@pytest.mark.parametrize("error", ["Error 111 connecting to 127.0.0.1:1. Connection refused.", "TimeoutError: x"])
+def test_the_mirror_age_note_ends_an_error_with_one_period(error):
+    from types import SimpleNamespace
+
+    from django.template.loader import render_to_string
+
+    html = render_to_string("admin/shoal/mirror_age.html", {"mirror": SimpleNamespace(error=error, synced_at=None)})
+    assert ".." not in html and f"did not complete: {error.rstrip('.')}." in html
