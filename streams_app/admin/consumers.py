@@ -48,6 +48,12 @@ def _text(value):
     return to_text(value, errors="backslashreplace")
 
 
+def shown_name(name):
+    """A consumer's name as the pages show and send it: invalid UTF-8 as \\xNN escapes and NUL as \\x00
+    (an HTML parser turns a raw NUL into U+FFFD, so a form could not send it back)."""
+    return _text(name).replace("\x00", "\\x00")
+
+
 def wrong_type_problem(conn, key, wanted, consequence):
     """A page's warning for an auxiliary key of another type: named, left as it is, never a 500."""
     return (f"Redis key {key!r} holds a {key_type(conn, key)}, not a {wanted}: {consequence}. "
@@ -75,7 +81,7 @@ def deadlines(conn, stream, problems=None):
     out = {}
     for name, deadline in records.items():
         try:
-            out[_text(name)] = (int(deadline) - now_ms) / 1000
+            out[shown_name(name)] = (int(deadline) - now_ms) / 1000
         except ValueError:
             continue
     return out
@@ -102,8 +108,8 @@ def group_consumers(conn, stream, group, problems=None):
         raise
     except TRANSIENT_ERRORS:
         return []
-    members = [Consumer(name=_text(r["name"]), liveness=state(by_name.get(_text(r["name"]))),
-                        deadline_in=by_name.get(_text(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
+    members = [Consumer(name=shown_name(r["name"]), liveness=state(by_name.get(shown_name(r["name"]))),
+                        deadline_in=by_name.get(shown_name(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
                         inactive=r["inactive"] / 1000 if r.get("inactive", -1) >= 0 else None) for r in rows]
     known = {c.name for c in members}
     readers = [Consumer(name=name, liveness=ALIVE, deadline_in=left)

@@ -27,7 +27,7 @@ from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, wrong_type_problem
+from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, shown_name, wrong_type_problem
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
@@ -75,10 +75,10 @@ def parse_owner(value):
 
 
 def real_consumer(conn, stream, group, name):
-    """The consumer of the group that the page shows as ``name``, as the bytes Redis holds (a name that
-    is not UTF-8 is shown with \\xNN escapes); ``name`` itself when none is."""
+    """The consumer of the group that the page shows as ``name`` (consumers.shown_name), as the bytes
+    Redis holds; ``name`` itself when none is."""
     for consumer in conn.xinfo_consumers(stream, group):
-        if _text(consumer["name"]) == name:
+        if shown_name(consumer["name"]) == name:
             return consumer["name"]
     return name
 
@@ -188,7 +188,7 @@ def _with_details(conn, stream, group, rows):
         payload = "(deleted from the stream)" if fields is None else fields.get("payload", fields.get("data", ""))
         page.append({
             "id": _text(row["message_id"]),
-            "consumer": _text(row["consumer"]),
+            "consumer": shown_name(row["consumer"]),
             "idle": row["time_since_delivered"] / 1000,
             "deliveries": row["times_delivered"],
             "payload": payload[:PAYLOAD_PREVIEW] + ("…" if len(payload) > PAYLOAD_PREVIEW else ""),

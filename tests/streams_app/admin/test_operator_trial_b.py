@@ -209,3 +209,21 @@ def test_the_mirror_age_note_ends_an_error_with_one_period(error):
 
     html = render_to_string("admin/shoal/mirror_age.html", {"mirror": SimpleNamespace(error=error, synced_at=None)})
     assert ".." not in html and f"did not complete: {error.rstrip('.')}." in html
+
+
+@pytest.mark.both_redis
+def test_an_owner_named_with_a_nul_is_shown_and_sent_as_backslash_x00_and_still_found(staff_client, redis_server,
+                                                                                      redis):
+    raw = redis_server.client(decode_responses=False)
+    ids = pending(redis, "jobs", "a", [{"n": 1}, {"n": 2}], consumer="c1")
+    raw.xclaim("jobs", "a", b"bad\x00name", 0, [ids[1]])
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/pending/"
+    html = client.get(url).content.decode()
+    assert "\x00" not in html and 'value="=bad\\x00name"' in html
+    assert [e["id"] for e in client.get(url, {"consumer": "=bad\\x00name"}).context["entries"]] == ids[1:]
+    posted = {"action": "claim", "entry": [ids[0]], "consumer": "=bad\\x00name", "post": "yes"}
+    assert client.post(url, posted).status_code == 302
+    assert {row["consumer"] for row in raw.xpending_range("jobs", "a", "-", "+", 10)} == {b"bad\x00name"}
