@@ -227,3 +227,14 @@ def test_an_owner_named_with_a_nul_is_shown_and_sent_as_backslash_x00_and_still_
     posted = {"action": "claim", "entry": [ids[0]], "consumer": "=bad\\x00name", "post": "yes"}
     assert client.post(url, posted).status_code == 302
     assert {row["consumer"] for row in raw.xpending_range("jobs", "a", "-", "+", 10)} == {b"bad\x00name"}
+
+
+@pytest.mark.both_redis
+def test_a_pending_row_of_the_consumer_named_empty_says_so(staff_client, redis):
+    pending(redis, "jobs", "a", [{"n": 1}], consumer="")
+    client = staff_client()
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    html = client.get(f"{GROUPS}{group.pk}/pending/").content.decode()
+    row = html[html.index("<tbody"):]
+    assert '<td>(empty name) <span class="shoal-' in row, row[:600]
