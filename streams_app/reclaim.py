@@ -106,6 +106,10 @@ class Reclaimer:
                     refusals.refused("reclaim", exc)
                 elif not _absent(exc):
                     self._skip(spec.name, spec.stream, exc, report)
+            except UnicodeDecodeError as exc:
+                # Redis holds a name that is not UTF-8 where text was expected: this group waits, the
+                # daemon (and the outbox relay thread in it) goes on with the others.
+                self._skip(spec.name, spec.stream, exc, report)
         for stream in sorted({s.stream for s in self.specs if s.retention == "acked"}):
             try:
                 self.trim(stream, report)
@@ -216,9 +220,10 @@ class Reclaimer:
     def remove_idle_consumers(self, spec, report):
         """XGROUP DELCONSUMER for consumers with nothing pending, idle past DEAD_CONSUMER_IDLE."""
         min_idle = int(self.config["DEAD_CONSUMER_IDLE"] * 1000)
-        removed = [_str(n) for n in scripts.run(self.conn, "remove_idle_consumers", [spec.stream], [spec.group, min_idle])]
+        names = scripts.run(self.conn, "remove_idle_consumers", [spec.stream], [spec.group, min_idle])
+        removed = [_str(n) for n in names]  # for the report and the log; Redis is given the bytes it gave
         if removed:
-            liveness.forget(self.conn, [spec.stream], None, names=removed)
+            liveness.forget(self.conn, [spec.stream], None, names=names)
             report.consumers_removed[spec.name] = removed
             logger.info("Reclaimer: removed %d idle consumers with nothing pending from %s: %s",
                         len(removed), spec.name, ", ".join(removed))

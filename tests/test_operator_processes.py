@@ -220,3 +220,19 @@ def test_publish_whose_connection_is_killed_mid_batch_names_the_lines_in_doubt(r
     assert "lines 1-1000 may or may not have been stored" in err and "XRANGE jobs - +" in err
     assert "nothing after line 1000 was published" in err and "tail -n +1" in err
     assert redis.xlen("jobs") == 0  # what the pause held was never run
+
+
+def test_a_consumer_name_that_is_not_utf8_does_not_stop_the_reclaimer(redis_server, run):
+    """Another client reads a group under a name that is not UTF-8 (issue 33, F1): the pass completes,
+    the name that holds an entry keeps its liveness record, a lapsed one is forgotten and logged escaped."""
+    raw = redis.Redis(port=redis_server.port)  # bytes in, bytes out
+    raw.xadd("failing", {"payload": json.dumps({"n": 1})})
+    raw.xgroup_create("failing", "g", id="0")
+    raw.xreadgroup("g", b"\xffc", {"failing": ">"}, count=1)
+    raw.hset(keys.liveness_key("failing"), mapping={b"\xffc": 1, b"\xfed": 1})  # deadlines long lapsed
+    daemon = run("runreclaimer", "--once")
+    assert daemon.wait(120) == 0, daemon.output()
+    out = daemon.output()
+    assert "Traceback" not in out and "\\xfed" in out, out
+    assert raw.hgetall(keys.liveness_key("failing")) == {b"\xffc": b"1"}
+    assert raw.xpending("failing", "g")["pending"] == 1

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import redis
 
-from shoal_common.redis_errors import is_missing
+from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.connection import TRANSIENT_ERRORS, node_client
-from streams_app.keys import liveness_key
+from streams_app.keys import key_type, liveness_key
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -48,18 +48,40 @@ def _text(value):
     return to_text(value, errors="backslashreplace")
 
 
-def deadlines(conn, stream):
-    """{consumer name: seconds to its liveness deadline (negative once lapsed)}, on the Redis clock."""
+def shown_name(name):
+    """A consumer's name as the pages show and send it: invalid UTF-8 as \\xNN escapes and NUL as \\x00
+    (an HTML parser turns a raw NUL into U+FFFD, so a form could not send it back)."""
+    return _text(name).replace("\x00", "\\x00")
+
+
+def wrong_type_problem(conn, key, wanted, consequence):
+    """A page's warning for an auxiliary key of another type: named, left as it is, never a 500."""
+    return (f"Redis key {key!r} holds a {key_type(conn, key)}, not a {wanted}: {consequence}. "
+            "Shoal leaves the key as it is.")
+
+
+def deadlines(conn, stream, problems=None):
+    """{consumer name: seconds to its liveness deadline (negative once lapsed)}, on the Redis clock.
+
+    A liveness key of another type reads as no record (liveness unknown), named in ``problems``.
+    """
     node = node_client(conn, liveness_key(stream))
     pipe = node.pipeline(transaction=False)
     pipe.hgetall(liveness_key(stream))
     pipe.time()
-    records, (seconds, micros) = pipe.execute()
+    records, (seconds, micros) = pipe.execute(raise_on_error=False)
+    if isinstance(records, Exception):
+        if not is_wrongtype(records):
+            raise records
+        if problems is not None:
+            problems.append(wrong_type_problem(conn, liveness_key(stream), "hash",
+                                               "the consumers' liveness cannot be read and shows as unknown"))
+        records = {}
     now_ms = seconds * 1000 + micros // 1000
     out = {}
     for name, deadline in records.items():
         try:
-            out[_text(name)] = (int(deadline) - now_ms) / 1000
+            out[shown_name(name)] = (int(deadline) - now_ms) / 1000
         except ValueError:
             continue
     return out
@@ -71,22 +93,23 @@ def state(deadline_in):
     return ALIVE if deadline_in > 0 else DEAD
 
 
-def group_consumers(conn, stream, group):
+def group_consumers(conn, stream, group, problems=None):
     """The group's consumers with their liveness, then live readers of the stream not in the group yet.
 
-    [] when the stream or group is gone or Redis cannot be read (the caller's page says so).
+    [] when the stream or group is gone or Redis cannot be read (the caller's page says so); a
+    liveness key of another type is named in ``problems``.
     """
     try:
         rows = conn.xinfo_consumers(stream, group)
-        by_name = deadlines(conn, stream)
+        by_name = deadlines(conn, stream, problems)
     except redis.ResponseError as exc:
         if is_missing(exc):
             return []
         raise
     except TRANSIENT_ERRORS:
         return []
-    members = [Consumer(name=_text(r["name"]), liveness=state(by_name.get(_text(r["name"]))),
-                        deadline_in=by_name.get(_text(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
+    members = [Consumer(name=shown_name(r["name"]), liveness=state(by_name.get(shown_name(r["name"]))),
+                        deadline_in=by_name.get(shown_name(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
                         inactive=r["inactive"] / 1000 if r.get("inactive", -1) >= 0 else None) for r in rows]
     known = {c.name for c in members}
     readers = [Consumer(name=name, liveness=ALIVE, deadline_in=left)

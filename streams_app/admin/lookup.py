@@ -130,7 +130,13 @@ def _place(conn, stream, group, entry_id, target, last_delivered, letters, repla
     rows = conn.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
     if rows:
         row = rows[0]
-        error = conn.hget(keys.error_key(stream, group, entry_id), "error")
+        error_key = keys.error_key(stream, group, entry_id)
+        try:
+            error = conn.hget(error_key, "error")
+        except redis.ResponseError as exc:
+            if not is_wrongtype(exc):
+                raise
+            error = f"(Redis key {error_key!r} holds a {keys.key_type(conn, error_key)}, not a hash)"
         detail = (f"owner {_text(row['consumer'])}, idle {row['time_since_delivered'] / 1000:.1f} s, "
                   f"{row['times_delivered']} deliveries" + (f"; last error: {_text(error)}" if error else ""))
         from streams_app.models import ConsumerGroup

@@ -207,9 +207,13 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         except ValueError:
             hours = 6
         hours = hours if hours in CHART_HOURS else 6
+        problems = []
+        consumers = group_consumers(page_connection(request), group.stream.name, group.name, problems)
+        for problem in problems:
+            self.message_user(request, problem, messages.WARNING)
         context = {
             "mirror": mirror,
-            "consumers": group_consumers(page_connection(request), group.stream.name, group.name),
+            "consumers": consumers,
             "chart": mark_safe(group_chart(group.stream.name, group.name, hours=hours)),  # built from escaped parts
             "hours": hours,
             **refresh_context(request),
@@ -282,7 +286,8 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         return request.user.has_perm("streams_app.delete_deadletter")
 
     def gone_message(self, count):
-        return (f"{count} of the selected dead letters are gone: replayed or deleted by someone else meanwhile. "
+        return (f"{count} of the selected dead letters {'is' if count == 1 else 'are'} gone: replayed or deleted by "
+                "someone else meanwhile. "
                 "Nothing was done to them.")
 
     # -- columns ----------------------------------------------------------------------------

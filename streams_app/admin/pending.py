@@ -23,11 +23,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from shoal_common.redis_errors import is_missing, may_have_run
+from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import ALIVE, DEAD, group_consumers
+from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, shown_name, wrong_type_problem
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
@@ -74,6 +74,15 @@ def parse_owner(value):
     return value[1:] if value.startswith("=") else value
 
 
+def real_consumer(conn, stream, group, name):
+    """The consumer of the group that the page shows as ``name`` (consumers.shown_name), as the bytes
+    Redis holds; ``name`` itself when none is."""
+    for consumer in conn.xinfo_consumers(stream, group):
+        if shown_name(consumer["name"]) == name:
+            return consumer["name"]
+    return name
+
+
 def owner_label(name):
     return name if name else "(empty name)"
 
@@ -100,7 +109,7 @@ def _pending_range(conn, stream, group, start, count, filters):
     ``xpending_range`` leaves a consumer named "" out, which would list every owner's entries."""
     args = [stream, group, *(["IDLE", int(filters.min_idle * 1000)] if filters.min_idle else []), start, "+", count]
     if filters.consumer is not None:
-        args.append(filters.consumer)
+        args.append(real_consumer(conn, stream, group, filters.consumer))
     return conn.execute_command("XPENDING", *args, parse_detail=True)
 
 
@@ -163,14 +172,23 @@ def _with_details(conn, stream, group, rows):
         entry_id = _text(row["message_id"])
         pipe.xrange(stream, min=entry_id, max=entry_id)
         pipe.hmget(keys.error_key(stream, group, entry_id), "error", "at")
-    found = pipe.execute() if rows else []
+    found = pipe.execute(raise_on_error=False) if rows else []
     page = []
-    for row, entry, (error, at) in zip(rows, found[0::2], found[1::2]):
+    for row, entry, record in zip(rows, found[0::2], found[1::2]):
+        if isinstance(entry, Exception):
+            raise entry
+        if isinstance(record, Exception):
+            if not is_wrongtype(record):
+                raise record
+            # One error record of another type must not hide the whole list: that entry says so.
+            key = keys.error_key(stream, group, _text(row["message_id"]))
+            record = (wrong_type_problem(conn, key, "hash", "the last error cannot be read"), None)
+        error, at = record
         fields = {_text(k): _text(v) for k, v in entry[0][1].items()} if entry else None
         payload = "(deleted from the stream)" if fields is None else fields.get("payload", fields.get("data", ""))
         page.append({
             "id": _text(row["message_id"]),
-            "consumer": _text(row["consumer"]),
+            "consumer": shown_name(row["consumer"]),
             "idle": row["time_since_delivered"] / 1000,
             "deliveries": row["times_delivered"],
             "payload": payload[:PAYLOAD_PREVIEW] + ("…" if len(payload) > PAYLOAD_PREVIEW else ""),
@@ -243,7 +261,10 @@ def pending_entries(model_admin, request, object_id):
         model_admin.message_user(request, f"Redis is unreachable ({type(exc).__name__}: {exc}): the entries cannot "
                                           "be listed or acted on now. The count is the mirror's last copy.",
                                  messages.ERROR)
-    consumers = group_consumers(conn, stream, group.name)
+    problems = []
+    consumers = group_consumers(conn, stream, group.name, problems)
+    for problem in problems:
+        model_admin.message_user(request, problem, messages.WARNING)
     liveness = {c.name: c.liveness for c in consumers}
     policy = RetryPolicy(stream, group.name)
     for entry in page:
@@ -303,10 +324,11 @@ def _pending_action(model_admin, request, group, allowed):
     target = parse_owner(request.POST.get("consumer", ""))
     back = request.get_full_path()
     conn = web_connection()
-    if action == "claim" and target not in {c.name for c in group_consumers(conn, stream, group.name) if c.claimable}:
-        model_admin.message_user(request, "Choose a consumer that is not dead to claim the entries to (the list "
-                                          "offers the group's consumers and live readers of the stream).", messages.ERROR)
-        return HttpResponseRedirect(back)
+    if action == "claim":
+        refused = _claim_refusal(conn, stream, group, target)
+        if refused:
+            model_admin.message_user(request, refused + " Nothing was claimed.", messages.ERROR)
+            return HttpResponseRedirect(back)
     if not request.POST.get("post"):
         interval = get_settings()["CLAIM_INTERVAL_MS"] / 1000
         warning = {
@@ -346,7 +368,7 @@ def _pending_action(model_admin, request, group, allowed):
             for rows in matching(conn, stream, group.name, filters):
                 in_flight = rows
                 batch = _act(conn, request, stream, group.name, action,
-                             {_text(r["message_id"]): _text(r["consumer"]) for r in rows}, target)
+                             {_text(r["message_id"]): r["consumer"] for r in rows}, target)
                 in_flight = []
                 done += batch
                 batches.append(batch)
@@ -386,17 +408,45 @@ def _pending_action(model_admin, request, group, allowed):
     return HttpResponseRedirect(back)
 
 
+def _claim_refusal(conn, stream, group, target):
+    """Why ``target`` cannot take claimed entries (None: it can), saying what is actually wrong."""
+    consumers = {c.name: c for c in group_consumers(conn, stream, group.name)}
+    if target in consumers and consumers[target].claimable:
+        return None
+    offered = "the list offers the group's consumers and live readers of the stream"
+    if target is None:
+        return f"Choose a consumer to claim the entries to ({offered})."
+    if not consumers and not _group_exists(conn, stream, group.name):
+        return f"Group {group} no longer exists in Redis."
+    if target not in consumers:
+        return f"{group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
+    return f"Consumer {owner_label(target)!r} is dead (its liveness lapsed): choose one that is not ({offered})."
+
+
+def _group_exists(conn, stream, group):
+    try:
+        return any(_text(g["name"]) == group for g in conn.xinfo_groups(stream))
+    except redis.ResponseError as exc:
+        if is_missing(exc):
+            return False
+        raise
+
+
 def _apply(conn, request, stream, group, action, ids, target):
     """Do ``action`` on the ids that are still pending; return those ids."""
     pipe = conn.pipeline(transaction=False)
     for entry_id in ids:
         pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
-    owners = {i: _text(rows[0]["consumer"]) for i, rows in zip(ids, pipe.execute()) if rows}
+    owners = {i: rows[0]["consumer"] for i, rows in zip(ids, pipe.execute()) if rows}
     return _act(conn, request, stream, group, action, owners, target) if owners else []
 
 
 def _act(conn, request, stream, group, action, owners, target):
-    """Do ``action`` on pending entries (id -> owner); return the ids it was done to."""
+    """Do ``action`` on pending entries (id -> owner, as Redis gave it); return the ids it was done to.
+
+    Owners stay the bytes Redis holds and a claim's target (the page's text) is matched back to
+    them: a name that is not UTF-8 is shown escaped, and claiming to the escaped text would make a
+    new consumer nobody runs."""
     still = list(owners)
     if action == "ack":
         conn.xack(stream, group, *still)
@@ -406,9 +456,10 @@ def _act(conn, request, stream, group, action, owners, target):
         # delivery, so the counts stay honest. (A plain XCLAIM would reset the idle time and delay
         # the entry by a whole pending timeout.)
         idle = RetryPolicy(stream, group).due_idle_ms()
+        to = real_consumer(conn, stream, group, target) if action == "claim" else None
         by_owner = {}
         for entry_id in still:
-            by_owner.setdefault(target if action == "claim" else owners[entry_id], []).append(entry_id)
+            by_owner.setdefault(to if action == "claim" else owners[entry_id], []).append(entry_id)
         pipe = conn.pipeline(transaction=False)
         for owner, owned in by_owner.items():
             pipe.xclaim(stream, group, owner, min_idle_time=0, message_ids=owned, idle=idle, justid=True)
@@ -416,7 +467,8 @@ def _act(conn, request, stream, group, action, owners, target):
     pipe = conn.pipeline(transaction=False)
     for entry_id in still:
         pipe.hexists(keys.error_key(stream, group, entry_id), "error")
-    recorded = pipe.execute()
+    # A last-error record of another type counts as none: the move records the admin's note instead.
+    recorded = [r is True for r in pipe.execute(raise_on_error=False)]
     note = f"moved to the dead letters by {request.user.get_username()} from the admin"
     result = deadletters.move(conn, stream, group, [(i, "" if r else note, "") for i, r in zip(still, recorded)])
     return [entry_id for entry_id, _ in result.moved]

@@ -152,7 +152,10 @@ class TasksPage:
                 return_value=_pretty(record["return_value"]) if record["status"] == "SUCCESSFUL" else None,
                 attempts=attempts, workers=list(enumerate(record["worker_ids"], 1)),
                 errors=list(enumerate(record["errors"], 1)),
-                can_retry=record["status"] == "FAILED" and self.model_admin.has_retry_permission(request),
+                can_retry=(record["status"] == "FAILED" and not record["retried_as"]
+                           and self.model_admin.has_retry_permission(request)),
+                retried_url=reverse("admin:streams_app_taskresult_change", args=[record["retried_as"]])
+                if results.valid_id(record["retried_as"]) else "",
                 stream=_stream(record),
             )
         return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html", context)
@@ -173,6 +176,8 @@ class TasksPage:
             model_admin.message_user(request, f"Task result {result_id} is {record['status']}, not FAILED: only a "
                                               "failed task is retried. Nothing was enqueued.", messages.WARNING)
             return HttpResponseRedirect(detail)
+        if record["retried_as"]:
+            return self._already_retried(request, result_id, record["retried_as"])
         try:
             task = find_task(record["task"]).using(queue_name=record["queue"] or None,
                                                    priority=record["priority"])
@@ -187,18 +192,48 @@ class TasksPage:
                         "failed result stays as it is. A task that is not idempotent runs its effects again.",
                 preview=f"args: {_pretty(record['args'])}\nkwargs: {_pretty(record['kwargs'])}",
                 form_action=request.path)
+        conn = page_connection(request)
+        try:
+            # One retry per failed result: a resubmitted confirmation (double click, browser resend)
+            # finds it claimed and enqueues nothing.
+            held = results.claim_retry(conn, result_id)
+        except TRANSIENT_ERRORS as exc:
+            model_admin.message_user(request, f"Redis did not answer ({type(exc).__name__}: {exc}): nothing was "
+                                              "enqueued. Try again when it is back.", messages.ERROR)
+            return HttpResponseRedirect(detail)
+        if held is None:
+            raise Http404(f"No task result {result_id}: it expired (results are kept OPTIONS['RESULT_TTL'] seconds)")
+        if held:
+            return self._already_retried(request, result_id, held)
         try:
             new = task.enqueue(*record["args"], **record["kwargs"])
         except TRANSIENT_ERRORS as exc:
+            # The claim stays: the retry may have been enqueued, and a second one must not be.
             model_admin.message_user(request, f"Redis did not answer ({type(exc).__name__}: {exc}): the retry may or "
                                               "may not have been enqueued. The Tasks page shows it once Redis is back.",
                                      messages.ERROR)
             return HttpResponseRedirect(detail)
+        except BaseException:
+            results.unclaim_retry(conn, result_id)  # not enqueued: the retry can be asked again
+            raise
+        try:
+            results.retried(conn, result_id, new.id)
+        except TRANSIENT_ERRORS:
+            pass  # enqueued all the same; the claim keeps a second retry out
         log_actions(request, model_admin.model, [(result_id, f"task result {result_id}",
                                                   f"Retried failed task {record['task']} (result {result_id}) as new "
                                                   f"result {new.id} on queue {record['queue']}")], ADDITION)
         model_admin.message_user(request, f"Retried {record['task']}: enqueued as new result {new.id}.", messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:streams_app_taskresult_change", args=[new.id]))
+
+
+    def _already_retried(self, request, result_id, held):
+        where = ("a retry of it is being enqueued" if held == results.RETRY_UNDER_WAY
+                 else f"it was already retried as new result {held}")
+        self.model_admin.message_user(request, f"Task result {result_id} is retried once from here: {where}. "
+                                               "Nothing new was enqueued.", messages.WARNING)
+        target = held if results.valid_id(held) else result_id
+        return HttpResponseRedirect(reverse("admin:streams_app_taskresult_change", args=[target]))
 
 
 @admin.register(TaskResult)

@@ -44,7 +44,7 @@ def forget(conn, streams, consumer, pipeline=None, names=()):
 
 def dead_consumers(conn, stream):
     """Names on ``stream`` whose deadline has passed."""
-    return {to_text(name)
+    return {to_text(name, errors="backslashreplace")
             for name in scripts.run(conn, "liveness_dead", [liveness_key(stream)], [])}
 
 
@@ -52,11 +52,13 @@ def prune(conn, stream, grace_ms):
     """Forget names whose deadline lapsed more than ``grace_ms`` ago, known to a group or not.
 
     Names that still hold pending entries in a group of the stream keep their record: it is what
-    lets a consumer take those entries over at once.
+    lets a consumer take those entries over at once. The names go to Redis as the bytes it gave
+    (another client may read a group under a name that is not UTF-8); the forgotten ones come back
+    as text, invalid UTF-8 as ``\\xNN`` escapes, for the log.
     """
     holding = set()
     for group in conn.xinfo_groups(stream):
         if int(group["pending"]):
-            holding.update(to_text(c["name"]) for c in conn.xinfo_consumers(stream, group["name"]) if int(c["pending"]))
-    return [to_text(name) for name in
+            holding.update(c["name"] for c in conn.xinfo_consumers(stream, group["name"]) if int(c["pending"]))
+    return [to_text(name, errors="backslashreplace") for name in
             scripts.run(conn, "liveness_prune", [liveness_key(stream)], [int(grace_ms), *sorted(holding)])]

@@ -38,7 +38,9 @@ for i = 1, count do
       result[i] = 'gone'
     else
       if err == '' then
-        local saved = redis.call('HMGET', err_key, 'error', 'traceback')
+        -- pcall: a last-error key of another type must not stop the move (that record is lost either way).
+        local saved = redis.pcall('HMGET', err_key, 'error', 'traceback')
+        if saved.err then saved = {} end
         err = saved[1] or ('no handler error recorded: delivered ' .. deliveries ..
                            ' times without an ack (the worker was killed or stuck mid-handler)')
         tb = saved[2] or ''

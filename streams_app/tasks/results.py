@@ -15,6 +15,9 @@ The public functions (stable: the admin and the metrics read results through the
 - ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
 - ``many(conn, result_ids)``: the records of ``result_ids`` in one round trip, in order (None for each
   unknown, expired or malformed id).
+- ``claim_retry(conn, result_id)`` / ``retried(conn, result_id, new_id)`` / ``unclaim_retry(conn, result_id)``:
+  the admin's one retry of a failed result (``retried_as`` in the record: the new result's id,
+  ``RETRY_UNDER_WAY`` while it is being enqueued); see claim_retry.
 - ``ids(conn, queue, limit=100)``: the newest result ids enqueued to ``queue`` (the per-queue index,
   a sorted set ``shoal:tasks:{queue}:results`` by enqueue time, pruned of ids older than the TTL).
 
@@ -147,6 +150,27 @@ def many(conn, result_ids):
     return [_decode(result_id, found[result_id]) if result_id in found else None for result_id in result_ids]
 
 
+RETRY_UNDER_WAY = "(being enqueued)"
+
+
+def claim_retry(conn, result_id):
+    """Claim the admin's retry of ``result_id``: "" when claimed now; else what it holds already (the
+    new result's id, or RETRY_UNDER_WAY); None when the result is gone. A resubmitted confirmation
+    (double click, browser resend) finds it claimed and enqueues nothing."""
+    held = scripts.run(conn, "task_retry_claim", [key(result_id)], [RETRY_UNDER_WAY])
+    return None if held is None else to_text(held)
+
+
+def retried(conn, result_id, new_id):
+    """Record on the failed result the id of the result its retry was enqueued as."""
+    conn.hset(key(result_id), "retried_as", new_id)
+
+
+def unclaim_retry(conn, result_id):
+    """Release a claim whose enqueue did not happen, so the retry can be asked again."""
+    conn.hdel(key(result_id), "retried_as")
+
+
 def ids(conn, queue, limit=100):
     """The newest ``limit`` result ids enqueued to ``queue`` (some may have expired since)."""
     return [to_text(member) for member in conn.zrevrange(index_key(queue), 0, limit - 1)]
@@ -167,6 +191,7 @@ def _decode(result_id, raw):
     for name in _JSON:
         value = fields.get(name)
         record[name] = json.loads(value) if value else None
+    record["retried_as"] = fields.get("retried_as")
     record["args"] = record["args"] or []
     record["kwargs"] = record["kwargs"] or {}
     record["worker_ids"] = [fields[f"worker.{n}"] for n in range(1, int(fields.get("attempts") or 0) + 1)

@@ -145,6 +145,24 @@ def test_retry_needs_its_permission_confirms_and_enqueues_a_new_result_with_an_a
     assert new_id in entry.change_message and entry.user.username == "staff1"
 
 
+def test_a_resubmitted_retry_confirmation_enqueues_nothing_new(staff_client, jobs, redis):
+    """Issue 33 F7: a double click or a browser resend of the confirmation posts it twice."""
+    bad = failed(jobs, redis, "flaky")
+    retry_url = f"{TASKS}{bad.id}/retry/"
+    client = staff_client(VIEW, RETRY)
+    done = client.post(retry_url, {"action": "retry", "post": "yes"})
+    new_id = done["Location"].rstrip("/").rsplit("/", 1)[-1]
+    again = client.post(retry_url, {"action": "retry", "post": "yes"}, follow=True)
+    said = [str(m) for m in again.context["messages"]]
+    assert any(f"already retried as new result {new_id}" in m and "Nothing new was enqueued" in m for m in said), said
+    assert again.redirect_chain[-1][0].rstrip("/").endswith(new_id)
+    assert redis.xlen("tasks:default") == 2  # the failed task's message and the one retry
+    assert LogEntry.objects.filter(action_flag=ADDITION, object_id=bad.id).count() == 1
+    page = client.get(f"{TASKS}{bad.id}/").content.decode()
+    assert "Retry (enqueue again" not in page and f'href="{TASKS}{new_id}/"' in page
+    assert client.post(retry_url, {"action": "retry"}).status_code == 302  # no second confirmation either
+
+
 def test_retry_refuses_a_task_that_did_not_fail_and_needs_csrf(staff_client, jobs, redis):
     ready = jobs.add.enqueue(1, 2)
     client = staff_client(VIEW, RETRY)
