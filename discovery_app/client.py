@@ -68,7 +68,10 @@ class _Entry:
         return max(instance.last_heartbeat, self.floor - instance.ttl)
 
     def is_healthy(self, instance, factor, server_now):
-        return instance.is_fallback or server_now - self.last_heartbeat(instance) < factor * instance.ttl
+        # A preserved instance is served for its bounded grace even though its heartbeat is old: it
+        # expired only because nobody could heartbeat while Redis was unreachable (see _preserve).
+        return (instance.is_fallback or instance.instance_id in self.preserved
+                or server_now - self.last_heartbeat(instance) < factor * instance.ttl)
 
 
 MANY_CLIENTS = 100
@@ -126,6 +129,7 @@ class DiscoveryClient:
         self._backoff = 0.0
         self._failures = 0  # registry fetches failed in a row (the back-off doubles with each)
         self._last_error = None
+        self._outage_at = float("-inf")  # client clock: when this process last found the registry unreachable
         self._degraded: dict[str, str] = {}  # service -> "stale" / "panic", to log once per episode
         self._hub = None
         self._closed = False
@@ -436,13 +440,16 @@ class DiscoveryClient:
                 self._failures += 1
                 self._backoff = backoff_delay(self._failures, first=0.5, cap=self.backoff_max)
                 self._registry_down_until = self.clock() + self._backoff
+            self._note_outage()
             return self._stale(service, entry)
         self._backoff = 0.0
         self._failures = 0
         self._registry_down_until = float("-inf")
         if changes is not None:
-            entry = self._apply(entry, changes)
+            previous, entry = entry, self._apply(entry, changes)
             entry.lifetime = lifetime
+            if self._after_outage():
+                entry = self._preserve(service, previous, entry, changes.server_now)
         else:
             entry = self._preserve(service, entry, _Entry(read.instances, self.clock(), read.server_now - time.time(),
                                                           position=read.position), read.server_now)
@@ -494,27 +501,43 @@ class DiscoveryClient:
         return _Entry(instances, self.clock(), changes.server_now - time.time(), position=changes.position,
                       floor=changes.server_now + changes.window, aging=frozenset(aging))
 
+    def _note_outage(self):
+        """The registry did not answer this process (a fetch, or the hub's expiry sweep, failed)."""
+        self._outage_at = self.clock()
+
+    def _after_outage(self):
+        # Instances whose deadline passed while Redis was frozen or unreachable expire the moment it
+        # answers again (its clock ran on), although their registrars only wait out a back-off.
+        return self.self_preservation > 0 and self.clock() - self._outage_at < self.self_preservation
+
     def _preserve(self, service, previous, entry, server_now):
         """Self-preservation (as Eureka's): keep serving instances that were alive at the previous
         fetch and have vanished without expiring (their heartbeat is younger than their TTL) or
         being deregistered (no tombstone): Redis restarted empty or was flushed, and their next
-        heartbeat will register them again. Given up after SELF_PRESERVATION seconds."""
+        heartbeat will register them again. Also those that expired shortly after this process
+        found the registry unreachable: nobody could heartbeat then. Given up after
+        SELF_PRESERVATION seconds."""
         if not self.self_preservation or previous is None:
             return entry
         now = self.clock()
+        after_outage = self._after_outage()
         found = {key_of(i) for i in entry.instances}
         kept = [i for i in previous.instances
                 if key_of(i) in previous.preserved and key_of(i) not in found and now < previous.preserved[key_of(i)]]
         vanished = [i for i in previous.instances
                     if key_of(i) not in previous.preserved and key_of(i) not in found and not i.is_fallback
-                    and server_now - previous.last_heartbeat(i) < i.ttl]
+                    and (after_outage or server_now - previous.last_heartbeat(i) < i.ttl)]
         if vanished:
             try:
                 removed = self.registry.tombstoned(service, [key_of(i) for i in vanished])
             except TRANSIENT_ERRORS:
                 removed = set()
             vanished = [i for i in vanished if key_of(i) not in removed]
-            if vanished:
+            if vanished and after_outage:
+                logger.warning("Discovery: %s: %d instance(s) expired right after the registry was unreachable "
+                               "(nobody could heartbeat); serving them for up to %.0f s until they register again",
+                               service, len(vanished), self.self_preservation)
+            elif vanished:
                 logger.warning("Discovery: %s: %d instance(s) vanished from the registry without expiring or "
                                "being deregistered (Redis restarted or flushed?); serving them for up to %.0f s "
                                "until they register again", service, len(vanished), self.self_preservation)

@@ -52,7 +52,8 @@ SETTINGS = (
             "Change events (pub/sub) drop an entry earlier."),
     Setting("SELF_PRESERVATION", None, SECONDS_OR_NONE,
             "Seconds a client keeps serving instances that vanished from the registry without expiring or being "
-            "deregistered (Redis restarted empty, or flushed) until their heartbeats register them again. "
+            "deregistered (Redis restarted empty, or flushed), or that expired right after this process found "
+            "Redis unreachable (frozen past the TTL), until their heartbeats register them again. "
             "None: HEARTBEAT_INTERVAL + 5 s. 0: trust an empty registry at once.", check_id="E010"),
     Setting("LISTEN", True, BOOLEAN,
             "Whether clients subscribe to change events to drop cache entries at once (one listener thread and "

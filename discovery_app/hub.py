@@ -58,6 +58,9 @@ class _Hub:
             self._sweeper.sweep(SWEEP_PERIOD)
         except TRANSIENT_ERRORS as exc:
             logger.debug("Discovery: expiry sweep skipped (%s)", exc)
+            # A client whose cache stays fresh learns of the outage here: see DiscoveryClient._preserve.
+            for client in self._members():
+                client._note_outage()
 
     def _members(self):
         with _hubs_lock:

@@ -7,6 +7,7 @@ import pytest
 
 from discovery_app.client import DiscoveryClient
 from discovery_app.exceptions import ServiceNotAvailable
+from discovery_app.registrar import Registrar
 from discovery_app.registry import ServiceRegistry
 from tests.waiting import wait_for
 
@@ -155,3 +156,50 @@ def test_an_instance_that_stops_heartbeating_is_expired_and_announced_on_time(re
     assert expired is not None, "nobody touched the service, so its expiry was never noticed"
     assert expired["instance_id"] == silent.instance_id
     assert late < 3.0, late  # the sweep runs every second: noticed within about a second of the deadline
+
+
+def test_a_redis_frozen_past_the_ttl_does_not_leave_clients_with_no_instances(private_redis, settings, caplog):
+    # Found by a user trial: after a SIGSTOP longer than the TTL, Redis's clock had passed every
+    # deadline, so the sweep expired both live instances about a second after SIGCONT, and clients
+    # answered "no instances are registered" until the registrars' back-off let them register again.
+    settings.DISCOVERY = {"TTL": 4, "HEARTBEAT_INTERVAL": 3, "REDIS_TIMEOUT": 0.5, "RETRY_BACKOFF_MAX": 3}
+    caplog.set_level("INFO", logger="discovery_app")
+    registrars = [Registrar("web", "127.0.0.1", port).start(signals=()) for port in (1, 2)]
+    client = DiscoveryClient()
+    errors, resolved, stop = [], [], threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            try:
+                resolved.append(client.resolve("web").port)
+            except ServiceNotAvailable as exc:
+                errors.append(exc)
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=caller)
+    try:
+        assert client.wait_listening()
+        wait_for(lambda: {i.port for i in client.instances("web")} == {1, 2}, timeout=10, what="both registered")
+        thread.start()
+        private_redis.process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: caplog.text.count("cannot reach the registry") >= 2, timeout=30, what="heartbeats failing")
+        time.sleep(4 + 1.5)  # the freeze itself: longer than the TTL
+        private_redis.process.send_signal(signal.SIGCONT)
+        wait_for(lambda: "reachable again" in caplog.text and caplog.text.count("is registered") >= 2
+                 and len(ServiceRegistry().instances("web")) == 2, timeout=30, what="both registrars back")
+        seen = len(resolved)
+        wait_for(lambda: len(resolved) > seen + 5, timeout=10, what="more resolves after the recovery")
+    finally:
+        stop.set()
+        private_redis.process.send_signal(signal.SIGCONT)
+        if thread.is_alive():
+            thread.join(30)
+    assert errors == []
+    assert "expired right after the registry was unreachable" in caplog.text  # the freeze did expire them
+    assert set(resolved) == {1, 2}
+
+    # An explicit deregistration (TERM) still removes an instance at once, right after an outage too.
+    registrars[0].stop()
+    wait_for(lambda: {i.port for i in client.instances("web")} == {2}, timeout=10, what="1 gone from the client")
+    registrars[1].stop()
+    client.close()
