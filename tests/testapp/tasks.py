@@ -50,8 +50,10 @@ def context_info(context):
 def slow_first_attempt(context, marker):
     """The first attempt says so in ``marker`` and then hangs (the test SIGKILLs its worker); later ones finish."""
     if context.attempt == 1:
-        with open(marker, "w") as out:
+        # Written aside, then renamed: the test waits for the file and must never read it half-written.
+        with open(f"{marker}.tmp", "w") as out:
             out.write(str(os.getpid()))
+        os.replace(f"{marker}.tmp", marker)
         time.sleep(120)
     return {"attempt": context.attempt}
 

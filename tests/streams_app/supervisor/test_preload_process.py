@@ -292,7 +292,7 @@ def ppid(pid):
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return int(stat.read().rsplit(")", 1)[1].split()[1])
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone (reading a process's stat as it is reaped raises ESRCH)
         return None
 
 
