@@ -67,6 +67,8 @@ for model in django_admin.site._registry:
         continue
     name = f"admin:{meta.app_label}_{meta.model_name}"
     paths.append(reverse(f"{name}_changelist"))
+    if not meta.managed:  # the Tasks page: an unmanaged model with no table, its list mounted by get_urls()
+        continue
     for row in model._default_manager.all()[:1]:
         paths += [reverse(f"{name}_change", args=[row.pk]), reverse(f"{name}_history", args=[row.pk])]
         paths += [reverse(f"{name}_{extra}", args=[row.pk]) for extra in ("pending", "replay_all", "replay")
