@@ -13,22 +13,12 @@ from collections import Counter
 
 import pytest
 
+from tests.entries import listed, publish_raw
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 FAST = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
-
-
-def publish_raw(client, stream, payloads):
-    pipe = client.pipeline(transaction=False)
-    for payload in payloads:
-        pipe.xadd(stream, {"payload": json.dumps(payload)})
-    return pipe.execute()
-
-
-def listed(client, kind, stream, group):
-    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
 
 
 def pending_ids(client, stream, group):

@@ -7,7 +7,6 @@ must store such text escaped (``\\udcff``), retry and dead-letter the entry as a
 A message key may hold NUL, which PostgreSQL text cannot: the db guard stores it hashed.
 """
 import hashlib
-import json
 import os
 import signal
 from collections import Counter
@@ -15,20 +14,10 @@ from collections import Counter
 import pytest
 
 from streams_app import publish
+from tests.entries import listed, publish_raw
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def publish_raw(client, stream, payloads):
-    pipe = client.pipeline(transaction=False)
-    for payload in payloads:
-        pipe.xadd(stream, {"payload": json.dumps(payload)})
-    return pipe.execute()
-
-
-def listed(client, kind, stream, group):
-    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
 
 
 @pytest.mark.parametrize("stream", ["raises", "araises", "raisesr"])  # sync, async, idempotent="redis"

@@ -5,28 +5,17 @@ killed with a read of many entries must not charge a delivery to those only wait
 those whose handler had returned; the takeovers and the reclaim daemon then dead-letter only the entry
 that keeps killing its worker.
 """
-import json
 import signal
 from collections import Counter
 
 import pytest
 
+from tests.entries import listed, publish_raw
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 FAST = {"PENDING_TIMEOUT_MS": 400, "CLAIM_INTERVAL_MS": 100, "RETRY_BACKOFF": 0.1, "CONSUMER_TTL": 2}
-
-
-def publish_raw(client, stream, payloads):
-    pipe = client.pipeline(transaction=False)
-    for payload in payloads:
-        pipe.xadd(stream, {"payload": json.dumps(payload)})
-    return pipe.execute()
-
-
-def listed(client, kind, stream, group):
-    return client.lrange(f"{kind}:{stream}:{group}", 0, -1)
 
 
 @pytest.mark.parametrize("threads", ["1", "4"])  # 4: neighbours run beside the killer, then it runs alone
