@@ -38,6 +38,7 @@ def publish_keyed(redis, stream):
         "id-ff": xadd(redis, stream, "id-ff", key="shared", **{"shoal:idempotency_id": b"i\xff"}),
         "id-fe": xadd(redis, stream, "id-fe", key="shared", **{"shoal:idempotency_id": b"i\xfe"}),
         "plain": publish(stream, {"name": "plain"}, key="order-1"),
+        "long": publish(stream, {"name": "long"}, key="k" * 201),  # hashed from its UTF-8, as before
     }
 
 
@@ -63,7 +64,8 @@ def test_keys_that_are_not_utf8_each_run_once_under_the_redis_guard(redis, run_c
     publish_again(redis, "idem")
     wait_all_acked(redis, "idem", "r", len(ids) + 3)
     assert Counter(listed(redis, "started", "idem", "r")) == {entry: 1 for entry in ids.values()}
-    marks = {hashed(b"a\xff"), hashed(b"a\xfe"), "a\ufffd", hashed(b"i\xff"), hashed(b"i\xfe"), "order-1"}
+    marks = {hashed(b"a\xff"), hashed(b"a\xfe"), "a\ufffd", hashed(b"i\xff"), hashed(b"i\xfe"), "order-1",
+             hashed(b"k" * 201)}
     assert {key: redis.get(f"{{idem}}:idem:r:{key}") for key in marks} == dict.fromkeys(marks, "done")
     assert redis.xlen("{idem}:dlq") == 0
     proc.signal(signal.SIGTERM)
@@ -82,7 +84,8 @@ def test_keys_that_are_not_utf8_each_run_once_under_the_db_guard(redis, run_cons
     rows = process_database.rows("SELECT key, entry_id FROM streams_app_processedmessage")
     assert sorted(rows) == sorted([(hashed(b"a\xff"), ids["ff"]), (hashed(b"a\xfe"), ids["fe"]),
                                    ("a\ufffd", ids["replacement"]), (hashed(b"i\xff"), ids["id-ff"]),
-                                   (hashed(b"i\xfe"), ids["id-fe"]), ("order-1", ids["plain"])])
+                                   (hashed(b"i\xfe"), ids["id-fe"]), ("order-1", ids["plain"]),
+                                   (hashed(b"k" * 201), ids["long"])])
     assert redis.xlen("{dbjobs}:dlq") == 0
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0, proc.output()
