@@ -139,6 +139,18 @@ class Message:
         raw = _raw(self.raw_fields, _IDEMPOTENCY_ID_RAW)
         return None if raw is None else _text(raw)
 
+    def field_bytes(self, name: bytes) -> bytes | None:
+        """The value of the field ``name`` as the bytes Redis holds, or None when absent.
+
+        What the idempotency guards key by: the text properties show bytes that are not UTF-8 as
+        U+FFFD, so ``a\\xff`` and ``a\\xfe`` would read as one key. A decoded client's str (strictly
+        decoded: valid UTF-8) gives its UTF-8 back; "surrogatepass" only keeps distinct strs distinct.
+        """
+        raw = _raw(self.raw_fields, name)
+        if raw is None or type(raw) is bytes:
+            return raw
+        return str(raw).encode("utf-8", "surrogatepass")
+
     @property
     def scheduled_id(self) -> str | None:
         """A deferred message's scheduled id (what its ``publish(..., run_after=...)`` returned), else None."""

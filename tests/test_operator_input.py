@@ -7,6 +7,7 @@ tests/test_operator_processes.py.
 import functools
 import io
 import json
+import os
 import sys
 
 import pytest
@@ -43,6 +44,27 @@ def test_a_lone_surrogate_is_a_publish_error_not_a_traceback(redis):
     with pytest.raises(CommandError, match="nothing was published: payload .*not valid Unicode"):
         call_command("publish", "jobs", '{"s": "\\ud800"}')
     assert snapshot(redis) == {}
+
+
+@pytest.mark.django_db
+def test_a_key_with_a_lone_surrogate_is_refused_on_every_publish_path(redis):
+    """docs/limits.md: what Python makes of a key argument that is not UTF-8 (os.fsdecode) is refused."""
+    from datetime import timedelta
+
+    from streams_app.outbox.models import OutboxMessage
+
+    key = "a\udcff"
+    said = r"key is not valid Unicode: it holds a lone surrogate '\\udcff' at position 1, which UTF-8 cannot encode"
+    for call in (lambda: publish("jobs", {}, key=key), lambda: publish("jobs", {}, key=key, outbox=True),
+                 lambda: publish("jobs", {}, key=key, run_after=timedelta(seconds=5))):
+        with pytest.raises(PublishError, match=f"^{said}$"):
+            call()
+    for outbox in (False, True):
+        with pytest.raises(PublishError, match=f"^message 1: {said}$"):
+            publish_many("jobs", [{}, {}], keys=["ok", key], outbox=outbox)
+    with pytest.raises(CommandError, match=f"^nothing was published: {said}$"):
+        call_command("publish", "jobs", "{}", "--key", os.fsdecode(b"a\xff"))
+    assert snapshot(redis) == {} and not OutboxMessage.objects.exists()
 
 
 def test_a_lone_surrogate_in_a_replay_override_is_a_command_error(redis):

@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 
 from shoal_common.text import to_text
 from streams_app import keys
+from streams_app.message import IDEMPOTENCY_ID_FIELD
 
 RUNNING = "running"
 DONE = "done"
@@ -75,15 +76,35 @@ def transaction_aborted(connection):
     return False
 
 
-def message_key(message):
-    # An outbox message's own id first: its key orders and routes, and many messages may share it.
-    key = message.idempotency_id or message.key or message.id
-    if len(key) > 200 or "\x00" in key:
-        # Keys are free text from producers; keep the Redis key and the DB column bounded, and hold
-        # only what every database's text takes (PostgreSQL refuses NUL: the guard's insert would fail
-        # on every delivery). Fields are decoded with U+FFFD for bad bytes, so encode() cannot fail.
-        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+_IDEMPOTENCY_ID = IDEMPOTENCY_ID_FIELD.encode()
+# Longer keys are stored hashed: the Redis key and ProcessedMessage.key (255) stay bounded.
+KEY_MAX = 200
+
+
+def guard_key(raw):
+    """The stored form of an idempotency key given as the bytes Redis holds (both guards use it).
+
+    UTF-8 text up to KEY_MAX characters without NUL is stored as it is, as it always was: the marks and
+    rows of a running deployment still match after an upgrade. Anything else is stored as
+    ``sha256:<hex>`` of the bytes: longer keys (bounded), NUL (PostgreSQL text refuses it: the guard's
+    insert would fail on every delivery) and bytes that are not UTF-8, which foreign producers may XADD.
+    Decoded with U+FFFD, ``a\\xff``, ``a\\xfe`` and ``a\\ufffd`` were one key and the later ones were
+    acked unrun; hashing the bytes keeps distinct bytes distinct and the same bytes the same key.
+    """
+    try:
+        key = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        key = None
+    if key is None or len(key) > KEY_MAX or "\x00" in key:
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
     return key
+
+
+def message_key(message):
+    """The guard key of ``message``: its outbox id first (its key orders and routes, and many messages
+    may share it), else its key, else its entry id."""
+    raw = message.field_bytes(_IDEMPOTENCY_ID) or message.field_bytes(b"key") or message.id.encode()
+    return guard_key(raw)
 
 
 class RedisGuard:
