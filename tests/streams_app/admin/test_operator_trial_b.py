@@ -238,3 +238,50 @@ def test_a_pending_row_of_the_consumer_named_empty_says_so(staff_client, redis):
     html = client.get(f"{GROUPS}{group.pk}/pending/").content.decode()
     row = html[html.index("<tbody"):]
     assert '<td>(empty name) <span class="shoal-' in row, row[:600]
+
+
+# -- issue 33, what the last round left: a group or a live reader whose name is not UTF-8 -----------
+
+def test_a_group_whose_name_is_not_utf8_lists_its_pending_entries_and_acts_on_the_real_group(staff_client,
+                                                                                          redis_server, redis):
+    raw = redis_server.client(decode_responses=False)
+    raw.xgroup_create("jobs", b"\xffgrp", id="$", mkstream=True)
+    ids = [redis.xadd("jobs", {"payload": f'{{"n": {n}}}'}) for n in range(3)]
+    raw.xreadgroup(b"\xffgrp", b"c1", {"jobs": ">"})
+    client = staff_client("streams_app.claim_pending", "streams_app.ack_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="\\xffgrp")  # shown escaped, as consumer names are
+    assert group.pending == 3
+    url = f"{GROUPS}{group.pk}/pending/"
+    response = client.get(url)
+    assert not any("no longer exists" in m for m in messages_of(response)), messages_of(response)
+    assert response.context["total"] == 3 and [e["id"] for e in response.context["entries"]] == ids
+    assert [c.name for c in response.context["consumers"]] == ["c1"]
+    assert [c.name for c in client.get(f"{GROUPS}{group.pk}/change/").context["consumers"]] == ["c1"]
+    raw.xgroup_createconsumer("jobs", b"\xffgrp", b"c2")  # a second consumer to claim to
+    claimed = client.post(url, {"action": "claim", "entry": [ids[0]], "consumer": "=c2", "post": "yes"}, follow=True)
+    assert any(m.startswith("Claimed 1 pending entry") for m in messages_of(claimed)), messages_of(claimed)
+    assert client.post(url, {"action": "ack", "entry": [ids[1]], "post": "yes"}).status_code == 302
+    owners = {r["message_id"].decode(): r["consumer"] for r in raw.xpending_range("jobs", b"\xffgrp", "-", "+", 10)}
+    assert owners == {ids[0]: b"c2", ids[2]: b"c1"}
+    assert {g["name"] for g in raw.xinfo_groups("jobs")} == {b"\xffgrp"}  # no group made under the escaped name
+    group.refresh_from_db()
+    assert group.pending == 2 and group.live_consumers == 0  # the mirror reads the real group too
+
+
+def test_a_live_reader_whose_name_is_not_utf8_and_not_in_the_group_is_claimed_to_under_its_real_name(
+        staff_client, redis_server, redis):
+    raw = redis_server.client(decode_responses=False)
+    [entry] = pending(redis, "jobs", "a", [{"n": 1}])
+    now_ms = int(redis.time()[0]) * 1000
+    raw.hset(keys.liveness_key("jobs"), b"\xfereader", now_ms + 600_000)  # alive, has read nothing in "a" yet
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name="a")
+    url = f"{GROUPS}{group.pk}/pending/"
+    targets = [value for value, _, _ in client.get(url).context["claim_targets"]]
+    assert "=\\xfereader" in targets
+    posted = {"action": "claim", "entry": [entry], "consumer": "=\\xfereader", "post": "yes"}
+    assert client.post(url, posted).status_code == 302
+    assert {c["name"] for c in raw.xinfo_consumers("jobs", "a")} == {b"c1", b"\xfereader"}  # no phantom
+    assert [r["consumer"] for r in raw.xpending_range("jobs", "a", "-", "+", 10)] == [b"\xfereader"]
