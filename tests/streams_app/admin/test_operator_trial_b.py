@@ -5,6 +5,7 @@ from html.parser import HTMLParser
 import pytest
 
 from streams_app import keys
+from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
 
@@ -285,3 +286,16 @@ def test_a_live_reader_whose_name_is_not_utf8_and_not_in_the_group_is_claimed_to
     assert client.post(url, posted).status_code == 302
     assert {c["name"] for c in raw.xinfo_consumers("jobs", "a")} == {b"c1", b"\xfereader"}  # no phantom
     assert [r["consumer"] for r in raw.xpending_range("jobs", "a", "-", "+", 10)] == [b"\xfereader"]
+
+
+def test_find_an_id_past_the_streams_last_entry_says_no_such_entry_yet_not_not_yet_delivered(staff_client, redis):
+    ensure_group(redis, "jobs", "b", start="$")  # reads nothing
+    [entry] = pending(redis, "jobs", "a", [{"n": 1}])
+    client = staff_client()
+    client.get(GROUPS)
+    beyond = f"{int(entry.split('-')[0]) + 60_000}-0"
+    [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": beyond}).context["results"]
+    assert {p.group: p.state for p in found.places} == {"a": "not published", "b": "not published"}
+    assert all(f"beyond the stream's last entry {entry}" in p.detail for p in found.places), found.places
+    [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": entry}).context["results"]
+    assert {p.group: p.state for p in found.places} == {"a": "pending", "b": "not yet delivered"}
