@@ -299,3 +299,29 @@ def test_find_an_id_past_the_streams_last_entry_says_no_such_entry_yet_not_not_y
     assert all(f"beyond the stream's last entry {entry}" in p.detail for p in found.places), found.places
     [found] = client.get(f"{GROUPS}find/", {"stream": "jobs", "q": entry}).context["results"]
     assert {p.group: p.state for p in found.places} == {"a": "pending", "b": "not yet delivered"}
+
+
+# -- F8: a group-wide replay job is audited per letter, as README and docs/admin.md say -------------
+
+def test_a_replay_job_writes_one_log_entry_per_replayed_dead_letter_by_whoever_queued_it(staff_client, redis):
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    from streams_app.connection import get_connection
+    from streams_app.deadletters import jobs
+
+    letters = dead_letter(redis, [{"n": n} for n in range(450)], group="a")
+    dead_letter(redis, [{"n": 1}], group="b")
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(GROUPS)
+    mirrored = dict(DeadLetter.objects.filter(group="a").values_list("entry_id", "pk"))
+    group = ConsumerGroup.objects.get(name="a")
+    client.post(f"{GROUPS}{group.pk}/replay-dead-letters/", {"action": "replay_all", "post": "yes"})
+    job = jobs.run_next(get_connection())
+    assert job.replayed == 450
+    kind = ContentType.objects.get_for_model(DeadLetter, for_concrete_model=False)
+    audit = LogEntry.objects.filter(content_type=kind, change_message__contains=f"(replay job {job.pk})")
+    assert audit.count() == 450 and {e.user.username for e in audit} == {"staff0"}
+    assert {e.action_flag for e in audit} == {CHANGE}
+    assert sorted(e.object_repr for e in audit) == sorted(f"jobs {i}" for i in letters)
+    assert {e.object_id for e in audit} == {str(mirrored[i]) for i in letters}  # each letter's History finds it
