@@ -325,3 +325,25 @@ def test_a_replay_job_writes_one_log_entry_per_replayed_dead_letter_by_whoever_q
     assert {e.action_flag for e in audit} == {CHANGE}
     assert sorted(e.object_repr for e in audit) == sorted(f"jobs {i}" for i in letters)
     assert {e.object_id for e in audit} == {str(mirrored[i]) for i in letters}  # each letter's History finds it
+
+
+def test_every_page_about_a_group_names_it_as_the_readmes_tour_does_never_capitalised(staff_client, redis):
+    # An operator's trial read "Orders:email" somewhere; the tour says stream `orders`, page `orders:email`.
+    dead_letter(redis, [{"n": 1}], stream="orders", group="email")
+    [entry] = pending(redis, "orders", "email", [{"n": 2}])
+    client = staff_client("streams_app.replay_deadletter", "streams_app.retry_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get()
+    pages = {
+        "group": client.get(f"{GROUPS}{group.pk}/change/"),
+        "pending": client.get(f"{GROUPS}{group.pk}/pending/"),
+        "confirmation": client.post(f"{GROUPS}{group.pk}/pending/", {"action": "retry", "entry": [entry]}),
+        "replay all": client.get(f"{GROUPS}{group.pk}/replay-dead-letters/"),
+        "history": client.get(f"{GROUPS}{group.pk}/history/"),
+        "replay job": client.post(f"{GROUPS}{group.pk}/replay-dead-letters/", {"post": "yes"}, follow=True),
+        "index": client.get("/admin/"),
+    }
+    for what, response in pages.items():
+        html = response.content.decode()
+        assert response.status_code == 200 and "orders:email" in html, what
+        assert "Orders" not in html and "Email" not in html, what
