@@ -84,8 +84,13 @@ class ConsumerSpec:
 def describe_handler(handler: object) -> str:
     """A dotted name for any callable: functions, methods, callable objects, functools.partial.
 
-    The admin and the reclaim daemon show it; it must never raise, whatever was registered.
+    The admin and the reclaim daemon show it; it must never raise, whatever was registered. A handler
+    Shoal builds itself (a task queue's) names itself in ``shoal_handler_name``: its partial or
+    instance repr would tell an operator nothing.
     """
+    label = getattr(handler, "shoal_handler_name", None)
+    if isinstance(label, str) and label:
+        return label
     if isinstance(handler, functools.partial):
         arguments = [describe_handler(handler.func), *map(repr, handler.args),
                      *(f"{k}={v!r}" for k, v in handler.keywords.items())]

@@ -28,6 +28,7 @@ class Consumer:
     pending: int = 0
     idle: float | None = None  # seconds since its last read or claim (XINFO CONSUMERS); None: not in the group
     inactive: float | None = None  # seconds since its last successful read (Redis >= 7.2)
+    raw: bytes | str | None = None  # the name as Redis holds it (None: ``name`` as it is)
 
     @property
     def in_group(self):
@@ -54,16 +55,34 @@ def shown_name(name):
     return _text(name).replace("\x00", "\\x00")
 
 
+def real_group(conn, stream, name):
+    """The group of ``stream`` that the pages show as ``name`` (the mirror stores names as _text
+    gives them: invalid UTF-8 escaped), as the bytes Redis holds; ``name`` itself when none is (or
+    the stream is gone: the caller's command then says so). Names go back to Redis as raw bytes."""
+    if name.isascii() and "\\x" not in name:
+        return name  # the common case: nothing was escaped, no XINFO to send
+    try:
+        groups = conn.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if is_missing(exc) or is_wrongtype(exc):
+            return name
+        raise
+    except TRANSIENT_ERRORS:
+        return name  # the caller's own command meets the outage and its page says so
+    return next((g["name"] for g in groups if _text(g["name"]) == name), name)
+
+
 def wrong_type_problem(conn, key, wanted, consequence):
     """A page's warning for an auxiliary key of another type: named, left as it is, never a 500."""
     return (f"Redis key {key!r} holds a {key_type(conn, key)}, not a {wanted}: {consequence}. "
             "Shoal leaves the key as it is.")
 
 
-def deadlines(conn, stream, problems=None):
+def deadlines(conn, stream, problems=None, raw_names=None):
     """{consumer name: seconds to its liveness deadline (negative once lapsed)}, on the Redis clock.
 
     A liveness key of another type reads as no record (liveness unknown), named in ``problems``.
+    ``raw_names`` (a dict) is filled with shown name -> the name as Redis holds it.
     """
     node = node_client(conn, liveness_key(stream))
     pipe = node.pipeline(transaction=False)
@@ -82,6 +101,8 @@ def deadlines(conn, stream, problems=None):
     for name, deadline in records.items():
         try:
             out[shown_name(name)] = (int(deadline) - now_ms) / 1000
+            if raw_names is not None:
+                raw_names[shown_name(name)] = name
         except ValueError:
             continue
     return out
@@ -101,7 +122,8 @@ def group_consumers(conn, stream, group, problems=None):
     """
     try:
         rows = conn.xinfo_consumers(stream, group)
-        by_name = deadlines(conn, stream, problems)
+        raw_names = {}
+        by_name = deadlines(conn, stream, problems, raw_names)
     except redis.ResponseError as exc:
         if is_missing(exc):
             return []
@@ -110,8 +132,11 @@ def group_consumers(conn, stream, group, problems=None):
         return []
     members = [Consumer(name=shown_name(r["name"]), liveness=state(by_name.get(shown_name(r["name"]))),
                         deadline_in=by_name.get(shown_name(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
-                        inactive=r["inactive"] / 1000 if r.get("inactive", -1) >= 0 else None) for r in rows]
+                        inactive=r["inactive"] / 1000 if r.get("inactive", -1) >= 0 else None, raw=r["name"])
+               for r in rows]
     known = {c.name for c in members}
-    readers = [Consumer(name=name, liveness=ALIVE, deadline_in=left)
+    # A reader not in the group yet is claimed to under its own name as the worker sent it: the
+    # escaped text would make a consumer nobody runs.
+    readers = [Consumer(name=name, liveness=ALIVE, deadline_in=left, raw=raw_names.get(name))
                for name, left in sorted(by_name.items()) if left > 0 and name not in known]
     return members + readers

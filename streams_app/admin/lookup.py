@@ -7,7 +7,8 @@ No per-message tracking is written. For each group, in this order:
 - *replayed*: an entry of the stream carrying ``shoal:replay_of`` = this entry for this group (its new
   id, and that entry's own state);
 - *handled*: delivered (at or below the group's last-delivered id) and no longer pending;
-- *not yet delivered*: past the group's last-delivered id.
+- *not yet delivered*: past the group's last-delivered id;
+- *not published*: past the stream's last entry id (no such entry yet), in every group.
 
 Dead letters and replays are found by reading forward from the entry's time (letters and replays
 come after it), at most SCAN_LIMIT entries each; a lookup by message key reads the newest SCAN_LIMIT
@@ -99,8 +100,14 @@ def locate(conn, stream, entry_id):
     if fields is None:
         # Past the stream's last id, the entry never was; below it, it may have been deleted or trimmed.
         last = _text(conn.xinfo_stream(stream)["last-generated-id"])
-        found.absence = (f"not in the stream: past its last entry id {last}" if id_key(entry_id) > id_key(last)
-                         else "not in the stream: deleted or trimmed, or never there")
+        if id_key(entry_id) > id_key(last):
+            found.absence = f"not in the stream: past its last entry id {last}"
+            # No group can have read, failed or replayed it: "not yet delivered" would say it waits.
+            found.places = [Place(_text(info["name"]), "not published",
+                                  f"beyond the stream's last entry {last}: no such entry (not published yet)")
+                            for info in groups]
+            return found, False
+        found.absence = "not in the stream: deleted or trimmed, or never there"
     try:
         letters, letters_cut = _scan_forward(conn, keys.dead_letter_key(stream), since,
                                              lambda f: _field(f, "shoal:origin_id") == entry_id)

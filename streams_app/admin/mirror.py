@@ -202,9 +202,10 @@ def _alive_consumers(conn, infos):
 
     A SIGKILLed worker stays a consumer of its groups; its deadline lapses within CONSUMER_TTL.
     """
-    from streams_app.admin.consumers import deadlines
+    from streams_app.admin.consumers import deadlines, shown_name
 
-    asked = [(name, _text(g["name"])) for name, (_, groups) in infos.items() for g in groups]
+    # Asked under the names as Redis holds them (a group's name may not be UTF-8), keyed as mirrored.
+    asked = [(name, g["name"]) for name, (_, groups) in infos.items() for g in groups]
     if not asked:
         return {}
     pipe = conn.pipeline(transaction=False)
@@ -218,19 +219,19 @@ def _alive_consumers(conn, infos):
             continue
         if name not in by_stream:
             by_stream[name] = deadlines(conn, name)
-        out[(name, group)] = sum(1 for m in members if by_stream[name].get(_text(m["name"]), 0) > 0)
+        out[(name, _text(group))] = sum(1 for m in members if by_stream[name].get(shown_name(m["name"]), 0) > 0)
     return out
 
 
 def _stale_pending(conn, infos, timeout_ms):
     """(stream, group) -> pending entries idle past the timeout, counted up to STALE_PENDING_CAP."""
-    asked = [(name, _text(g["name"])) for name, (_, groups) in infos.items() for g in groups if g["pending"]]
+    asked = [(name, g["name"]) for name, (_, groups) in infos.items() for g in groups if g["pending"]]
     if not asked:
         return {}
     pipe = conn.pipeline(transaction=False)
     for name, group in asked:
         pipe.xpending_range(name, group, min="-", max="+", count=STALE_PENDING_CAP, idle=timeout_ms)
-    return {pair: len(rows) for pair, rows in zip(asked, pipe.execute(raise_on_error=False))
+    return {(name, _text(group)): len(rows) for (name, group), rows in zip(asked, pipe.execute(raise_on_error=False))
             if not isinstance(rows, Exception)}
 
 

@@ -27,7 +27,7 @@ from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, pretty_json, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
-from streams_app.admin.consumers import group_consumers
+from streams_app.admin.consumers import group_consumers, real_group
 from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
@@ -208,7 +208,8 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             hours = 6
         hours = hours if hours in CHART_HOURS else 6
         problems = []
-        consumers = group_consumers(page_connection(request), group.stream.name, group.name, problems)
+        conn = page_connection(request)
+        consumers = group_consumers(conn, group.stream.name, real_group(conn, group.stream.name, group.name), problems)
         for problem in problems:
             self.message_user(request, problem, messages.WARNING)
         context = {

@@ -27,7 +27,8 @@ from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, shown_name, wrong_type_problem
+from streams_app.admin.consumers import (ALIVE, DEAD, deadlines, group_consumers, real_group, shown_name,
+                                         wrong_type_problem)
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
@@ -76,11 +77,14 @@ def parse_owner(value):
 
 def real_consumer(conn, stream, group, name):
     """The consumer of the group that the page shows as ``name`` (consumers.shown_name), as the bytes
-    Redis holds; ``name`` itself when none is."""
+    Redis holds; else a live reader of the stream not in the group yet, by its liveness record (the
+    claim list offers those too); ``name`` itself when neither is."""
     for consumer in conn.xinfo_consumers(stream, group):
         if shown_name(consumer["name"]) == name:
             return consumer["name"]
-    return name
+    readers = {}
+    deadlines(conn, stream, raw_names=readers)
+    return readers.get(name, name)
 
 
 def owner_label(name):
@@ -171,7 +175,7 @@ def _with_details(conn, stream, group, rows):
     for row in rows:
         entry_id = _text(row["message_id"])
         pipe.xrange(stream, min=entry_id, max=entry_id)
-        pipe.hmget(keys.error_key(stream, group, entry_id), "error", "at")
+        pipe.hmget(keys.error_key(stream, _text(group), entry_id), "error", "at")
     found = pipe.execute(raise_on_error=False) if rows else []
     page = []
     for row, entry, record in zip(rows, found[0::2], found[1::2]):
@@ -181,7 +185,7 @@ def _with_details(conn, stream, group, rows):
             if not is_wrongtype(record):
                 raise record
             # One error record of another type must not hide the whole list: that entry says so.
-            key = keys.error_key(stream, group, _text(row["message_id"]))
+            key = keys.error_key(stream, _text(group), _text(row["message_id"]))
             record = (wrong_type_problem(conn, key, "hash", "the last error cannot be read"), None)
         error, at = record
         fields = {_text(k): _text(v) for k, v in entry[0][1].items()} if entry else None
@@ -203,6 +207,7 @@ class RetryPolicy:
 
     def __init__(self, stream, group):
         config = get_settings()
+        group = _text(group)  # the group's name as Redis holds it, from an action: registered names are text
         spec = next((s for s in registered() if s.stream == stream and s.group == group), None)
         self.base, self.cap = backoff_policy(spec, config) if spec else (config["RETRY_BACKOFF"],
                                                                        max(config["RETRY_BACKOFF"], config["RETRY_BACKOFF_MAX"]))
@@ -245,10 +250,11 @@ def pending_entries(model_admin, request, object_id):
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     stream = group.stream.name
-    copied = None
+    copied, name = None, group.name
     try:
-        summary = conn.xpending(stream, group.name)
-        page, next_after = read_pending_page(conn, stream, group.name, after, filters=filters)
+        name = real_group(conn, stream, group.name)  # the bytes Redis holds for a name shown escaped
+        summary = conn.xpending(stream, name)
+        page, next_after = read_pending_page(conn, stream, name, after, filters=filters)
     except redis.ResponseError as exc:
         if not is_missing(exc):
             raise
@@ -262,7 +268,7 @@ def pending_entries(model_admin, request, object_id):
                                           "be listed or acted on now. The count is the mirror's last copy.",
                                  messages.ERROR)
     problems = []
-    consumers = group_consumers(conn, stream, group.name, problems)
+    consumers = group_consumers(conn, stream, name, problems)
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     liveness = {c.name: c.liveness for c in consumers}
@@ -324,8 +330,9 @@ def _pending_action(model_admin, request, group, allowed):
     target = parse_owner(request.POST.get("consumer", ""))
     back = request.get_full_path()
     conn = web_connection()
+    name = real_group(conn, stream, group.name)
     if action == "claim":
-        refused = _claim_refusal(conn, stream, group, target)
+        refused = _claim_refusal(conn, stream, group, name, target)
         if refused:
             model_admin.message_user(request, refused + " Nothing was claimed.", messages.ERROR)
             return HttpResponseRedirect(back)
@@ -344,7 +351,7 @@ def _pending_action(model_admin, request, group, allowed):
         }[action]
         if across:
             filters, _ = parse_filters(request.GET)
-            found = [_text(r["message_id"]) for rows in matching(conn, stream, group.name, filters, batch=1000)
+            found = [_text(r["message_id"]) for rows in matching(conn, stream, name, filters, batch=1000)
                      for r in rows]
             if not found:
                 model_admin.message_user(request, "No pending entry matches the filter: nothing to do.", messages.WARNING)
@@ -365,9 +372,9 @@ def _pending_action(model_admin, request, group, allowed):
         filters, _ = parse_filters(request.GET)
         done, batches = [], []
         try:
-            for rows in matching(conn, stream, group.name, filters):
+            for rows in matching(conn, stream, name, filters):
                 in_flight = rows
-                batch = _act(conn, request, stream, group.name, action,
+                batch = _act(conn, request, stream, name, action,
                              {_text(r["message_id"]): r["consumer"] for r in rows}, target)
                 in_flight = []
                 done += batch
@@ -376,7 +383,7 @@ def _pending_action(model_admin, request, group, allowed):
             failure = exc
         ids = done
     else:
-        done = _apply(conn, request, stream, group.name, action, ids, target)
+        done = _apply(conn, request, stream, name, action, ids, target)
     gone = len(ids) - len(done)
     verb = PENDING_ACTIONS[action][2]
     to = f" to consumer {owner_label(target)}" if action == "claim" else ""
@@ -408,15 +415,16 @@ def _pending_action(model_admin, request, group, allowed):
     return HttpResponseRedirect(back)
 
 
-def _claim_refusal(conn, stream, group, target):
-    """Why ``target`` cannot take claimed entries (None: it can), saying what is actually wrong."""
-    consumers = {c.name: c for c in group_consumers(conn, stream, group.name)}
+def _claim_refusal(conn, stream, group, name, target):
+    """Why ``target`` cannot take claimed entries (None: it can), saying what is actually wrong.
+    ``name``: the group's name as Redis holds it."""
+    consumers = {c.name: c for c in group_consumers(conn, stream, name)}
     if target in consumers and consumers[target].claimable:
         return None
     offered = "the list offers the group's consumers and live readers of the stream"
     if target is None:
         return f"Choose a consumer to claim the entries to ({offered})."
-    if not consumers and not _group_exists(conn, stream, group.name):
+    if not consumers and not _group_exists(conn, stream, name):
         return f"Group {group} no longer exists in Redis."
     if target not in consumers:
         return f"{group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
@@ -425,7 +433,7 @@ def _claim_refusal(conn, stream, group, target):
 
 def _group_exists(conn, stream, group):
     try:
-        return any(_text(g["name"]) == group for g in conn.xinfo_groups(stream))
+        return any(g["name"] == group or _text(g["name"]) == group for g in conn.xinfo_groups(stream))
     except redis.ResponseError as exc:
         if is_missing(exc):
             return False
@@ -466,7 +474,7 @@ def _act(conn, request, stream, group, action, owners, target):
         return [_text(i) for claimed in pipe.execute() for i in claimed]
     pipe = conn.pipeline(transaction=False)
     for entry_id in still:
-        pipe.hexists(keys.error_key(stream, group, entry_id), "error")
+        pipe.hexists(keys.error_key(stream, _text(group), entry_id), "error")
     # A last-error record of another type counts as none: the move records the admin's note instead.
     recorded = [r is True for r in pipe.execute(raise_on_error=False)]
     note = f"moved to the dead letters by {request.user.get_username()} from the admin"

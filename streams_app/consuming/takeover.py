@@ -58,8 +58,10 @@ class TakeOver:
         if not lapsed:
             return []
         summary = self.conn.xpending(self.stream, self.group)
-        holders = {_str(c["name"]) for c in summary.get("consumers") or ()}
-        candidates = lapsed & holders
+        # Shown name -> the bytes Redis holds: another client may read under a name that is not UTF-8,
+        # and only those bytes find its entries (dead_consumers escapes it as \\xNN).
+        holders = {_str(c["name"], errors="backslashreplace"): c["name"] for c in summary.get("consumers") or ()}
+        candidates = lapsed & holders.keys()
         if not candidates:
             return []
         if not self.can_list_clients:
@@ -81,7 +83,7 @@ class TakeOver:
         in_flight = self.in_flight
         for name in dead[:DEAD_CONSUMERS_PER_PASS]:
             rows = self.conn.xpending_range(self.stream, self.group, min="-", max="+", count=room - len(entries),
-                                            consumername=name)
+                                            consumername=holders[name])
             wanted = {}
             for row in rows:
                 entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]

@@ -69,7 +69,7 @@ def _override_text(payload_override):
 
 
 def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=False, progress=None, conn=None,
-           counter=None):
+           counter=None, batch_done=None):
     """Replay dead letters of ``group`` (the given ``ids``, or ``all`` of them) onto ``stream``.
 
     ``payload_override`` (any value ``publish`` takes: datetimes, Decimals... keep their types)
@@ -78,6 +78,9 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
     ``progress(scanned, total)`` is called after each batch when ``all`` is set. ``counter``: a hash key in the stream's slot (keys.replay_job_key) whose
     ``replayed`` field the replay script increments with each batch, in the same step (not for a
     logical stream, whose partitions are in slots of their own).
+    ``batch_done(stream, [(dead-letter id, new id)])`` is called after each batch that replayed
+    something (not on a dry run), with the (partition) stream the letters were in: a background job
+    audits each letter as its batch is done, not all at its end.
     """
     validate_stream_name(stream)
     if not isinstance(group, str) or not group:
@@ -90,12 +93,12 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
                           f"an id looks like 1700000000000-0 (see the admin or XRANGE {keys.dead_letter_key(stream)})")
     conn = conn or get_connection()
     if partitions.is_partitioned(stream):
-        return _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress)
+        return _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress, batch_done)
     try:
         if not group_exists(conn, keys.stream_key(stream), group):
             conn.xlen(keys.dead_letter_key(stream))  # a dead-letter key of another type says so first
             raise ReplayError(_no_group_message(conn, stream, group))
-        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter)
+        return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter, batch_done)
     except redis.ResponseError as exc:
         if is_nogroup(exc):  # destroyed between the check and a batch: that batch removed nothing
             raise ReplayError(_no_group_message(conn, stream, group)) from None
@@ -116,7 +119,7 @@ def _no_group_message(conn, stream, group):
             f"letter was removed: a replayed entry would be acked unseen by every other group. Start the "
             f"group's consumer (it creates the group) and replay again.")
 
-def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress):
+def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress, batch_done=None):
     """A logical stream's dead letters: each partition's go back into that same partition.
 
     Each partition has its own dead-letter stream ({orders:3}:dlq), and a replayed entry is
@@ -125,7 +128,7 @@ def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run,
     merged = ReplayResult(dry_run=dry_run)
     reasons = {}
     for name in partitions.names(stream):
-        part = _replay(conn, name, group, ids, all, payload_override, dry_run, progress)
+        part = _replay(conn, name, group, ids, all, payload_override, dry_run, progress, batch_done=batch_done)
         merged.replayed.extend(part.replayed)
         for entry_id, why in part.skipped.items():
             if why != "missing" or entry_id not in reasons:
@@ -135,7 +138,7 @@ def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run,
     return merged
 
 
-def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter=None):
+def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter=None, batch_done=None):
     override = _override_text(payload_override)
     result = ReplayResult(dry_run=dry_run)
     if ids:
@@ -150,7 +153,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
             elif _too_wide(letter):
                 result.skipped[entry_id] = "too-wide"  # what the script would answer: a dry run says it too
         chosen = [i for i in ids if i not in result.skipped]
-        _replay_batch(conn, stream, group, chosen, override, dry_run, result, counter)
+        _replay_batch(conn, stream, group, chosen, override, dry_run, result, counter, batch_done)
         return result
     total = conn.xlen(keys.dead_letter_key(stream))
     # Only what is dead now: a replayed entry that fails again is dead-lettered anew above this
@@ -170,7 +173,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
         mine = [letter for letter in (DeadLetter(_text(i), decode_fields(f)) for i, f in page) if letter.group == group]
         result.skipped.update((letter.id, "too-wide") for letter in mine if _too_wide(letter))
         _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
-                      result, counter)
+                      result, counter, batch_done)
         if progress is not None:
             progress(scanned, max(total, scanned))
     return result
@@ -180,7 +183,7 @@ def _too_wide(letter):
     return PACKED_FIELDS in letter.fields
 
 
-def _replay_batch(conn, stream, group, ids, override, dry_run, result, counter=None):
+def _replay_batch(conn, stream, group, ids, override, dry_run, result, counter=None, batch_done=None):
     if not ids:
         return
     if dry_run:
@@ -189,8 +192,12 @@ def _replay_batch(conn, stream, group, ids, override, dry_run, result, counter=N
     body, types = override
     script_keys = [keys.stream_key(stream), keys.dead_letter_key(stream), *([counter] if counter else [])]
     reply = scripts.run(conn, "replay", script_keys, [group, body, types, *ids])
+    done = []
     for entry_id, outcome in zip(ids, map(_text, reply)):
         if outcome in ("missing", "other-group", "too-wide"):
             result.skipped[entry_id] = outcome  # deleted or replayed by someone else meanwhile, or too wide
         else:
-            result.replayed.append((entry_id, outcome))
+            done.append((entry_id, outcome))
+    result.replayed.extend(done)
+    if batch_done is not None and done:
+        batch_done(stream, done)

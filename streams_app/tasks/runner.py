@@ -165,6 +165,8 @@ class QueueHandler:
     which must not come before its SUCCESSFUL is written).
     """
 
+    shoal_handler_name = ""  # the Handler the admin shows (registry.describe_handler); set by setup.install
+
     def __init__(self, alias):
         self.alias = alias
         self.local = threading.local()  # per handler thread: .pending, the success not yet written

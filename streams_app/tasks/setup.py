@@ -49,9 +49,13 @@ def install():
             if queue in owners:
                 continue  # a second backend naming the queue: E063
             owners.add(queue)
+            handler = QueueHandler(alias)
+            handler.shoal_handler_name = f"Django tasks (queue {queue}, backend {alias})"  # the admin's Handler
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
-                     bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(QueueHandler(alias))
+                     bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(handler)
             # async def tasks on the worker's event loop; the "db" guard needs a sync handler's transaction.
+            run_async = functools.partial(run_message_async, alias)
+            run_async.shoal_handler_name = f"Django tasks (queue {queue}, async tasks, backend {alias})"  # type: ignore[attr-defined]
             consumer(messages.async_stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent="redis" if config["IDEMPOTENT"] else None,
-                     )(functools.partial(run_message_async, alias))
+                     )(run_async)

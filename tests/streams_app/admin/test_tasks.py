@@ -212,3 +212,31 @@ def test_with_redis_hung_the_pages_answer_within_the_admins_timeout(staff_client
     finally:
         server.process.send_signal(signal.SIGCONT)
     assert server.client().xlen("tasks:default") == 1  # the retry enqueued nothing
+
+
+@pytest.fixture
+def task_consumers(settings):
+    """The queues' consumers declared as at app ready, and the registry as it was afterwards."""
+    from streams_app.registry import _registry
+    from streams_app.tasks.setup import install
+
+    saved = dict(_registry)
+    settings.TASKS = tasks_settings.TASKS
+    install()
+    yield
+    _registry.clear()
+    _registry.update(saved)
+
+
+def test_the_groups_list_names_a_task_queues_handler_readably_not_as_a_partial_repr(staff_client, task_consumers,
+                                                                                   redis):
+    from streams_app.consuming.groups import ensure_group
+
+    for stream in ("tasks:emails", "tasks:emails:async"):
+        ensure_group(redis, stream, "workers", start="$")
+    staff_client().get("/admin/streams_app/consumergroup/")
+    from streams_app.models import ConsumerGroup
+
+    handlers = {g.stream.name: g.handler for g in ConsumerGroup.objects.filter(name="workers")}
+    assert handlers == {"tasks:emails": "Django tasks (queue emails, backend default)",
+                        "tasks:emails:async": "Django tasks (queue emails, async tasks, backend default)"}

@@ -56,3 +56,25 @@ def test_without_an_outage_a_dead_consumers_entries_are_taken_over_at_once(redis
     while _held_by_ghost(redis):
         assert time.monotonic() < deadline, "the dead consumer's entries were not taken over"
         loop.step()
+
+
+def test_a_dead_consumer_whose_name_is_not_utf8_has_its_entries_taken_over(redis_server, redis, make_loop):
+    # Another client read the group under raw bytes and recorded a liveness deadline under them.
+    raw = redis_server.client(decode_responses=False)
+    loop = make_loop(CLAIM_INTERVAL_MS=1, CONSUMER_TTL=15.0, RETRY_BACKOFF=0.01)
+    for _ in range(3):
+        loop.step()
+    ids = [redis.xadd("jobs", {"payload": "{}"}) for _ in range(3)]
+    raw.xreadgroup("a", b"\xffghost", {"jobs": ">"})
+    liveness.beat(raw, ["jobs"], b"\xffghost", 1)
+    wait_for(lambda: "\\xffghost" in liveness.dead_consumers(raw, "jobs"), what="the ghost's deadline lapsed")
+
+    def held():
+        return {c["name"]: c["pending"] for c in raw.xpending("jobs", "a")["consumers"]}.get(b"\xffghost", 0)
+
+    deadline = time.monotonic() + 10
+    while held():
+        assert time.monotonic() < deadline, "the dead consumer's entries were not taken over"
+        loop.step()
+    assert {r["message_id"].decode() for r in raw.xpending_range("jobs", "a", "-", "+", 10)} <= set(ids)
+    assert loop.failures == 0
