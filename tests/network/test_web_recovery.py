@@ -124,3 +124,33 @@ def test_the_web_tier_and_discovery_see_redis_again_soon_after_a_blackhole(
     finally:
         broadcast.stop_listener()
         discovery.close()
+
+
+def test_a_real_gunicorn_answers_readyz_and_scrapes_redis_again_soon_after_a_blackhole(tmp_path, redis, net_proxy):
+    from tests.serving.gunicorn_process import Gunicorn
+
+    web = Gunicorn(tmp_path / "gunicorn", net_proxy.url, workers=2).start()
+    try:
+        for _ in range(4):  # both workers' pools hold connections when the fault comes
+            assert web.get("/readyz")[0] == 200
+            assert "shoal_backlog_scrape_ok 1.0" in web.get("/metrics")[1]
+        net_proxy.blackhole()
+        fault_started = time.monotonic()
+        assert web.get("/readyz", timeout=20)[0] == 503
+        assert "shoal_backlog_scrape_ok 0.0" in web.get("/metrics", timeout=20)[1]
+        time.sleep(max(0.0, FAULT - (time.monotonic() - fault_started)))  # the fault itself is under test
+        net_proxy.heal()
+        healed = time.monotonic()
+
+        def recovered():
+            # Several in a row: each may land on either worker.
+            return all(web.get("/readyz")[0] == 200 and "shoal_backlog_scrape_ok 1.0" in web.get("/metrics")[1]
+                       for _ in range(6))
+
+        wait_for(recovered, timeout=RECOVERY_BOUND, interval=0.2,
+                 what=f"/readyz and /metrics answering from Redis within {RECOVERY_BOUND} s of the heal")
+        print(f"gunicorn recovered {time.monotonic() - healed:.1f} s after the heal")
+    finally:
+        web.stop()
+        if web.proc.returncode not in (0, None):
+            print(web.output()[-3000:])
