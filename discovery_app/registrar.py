@@ -5,7 +5,9 @@ exit) deregisters. Every Redis connection is made inside that thread, so a gunic
 run a Registrar without handing sockets to the workers it forks, and exit hooks inherited by
 those workers do nothing (only the process that started it deregisters). Redis outages are
 retried with capped back-off; the first heartbeat after one re-registers the instance if its
-record has gone.
+record has gone. While backing off from a connection failure the thread PINGs about once a second,
+so that heartbeat comes as soon as Redis answers again, not at the end of a back-off that has grown
+to HEARTBEAT_INTERVAL (clients meanwhile serve the instance from their self-preservation).
 
 On SIGTERM (and SIGINT) the instance is deregistered at once, before the application's own drain:
 callers stop picking an instance that is about to stop. The handler only records the signal and
@@ -17,9 +19,11 @@ import atexit
 import logging
 import math
 import os
+import random
 import select
 import signal
 import threading
+import time
 
 from discovery_app.conf import get_settings
 from discovery_app.connection import TRANSIENT_ERRORS, recover
@@ -29,6 +33,9 @@ from discovery_app.short_timeout import dedicated_registry_connection
 from shoal_common.backoff import backoff_delay
 
 logger = logging.getLogger("discovery_app.registrar")
+
+PROBE_SECONDS = 1.0
+"""How often a registrar backing off from an unreachable Redis asks whether it answers again (a PING)."""
 
 
 class Registrar:
@@ -234,9 +241,34 @@ class Registrar:
                                self.instance_id, type(exc).__name__, exc, backoff,
                                exc_info=not isinstance(exc, TRANSIENT_ERRORS))
                 wait = backoff
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    self._first_attempt.set()
+                    self._back_off(backoff)
+                    continue
             finally:
                 self._first_attempt.set()
             self._sleep(wait)
+
+    def _back_off(self, seconds):
+        """Wait ``seconds``, or less: until a PING gets an answer (Redis is back), a signal, or stop().
+
+        Only after a connection failure: a Redis that answers and refuses (OOM, READONLY) would
+        answer the PING too, and the full back-off is what spares it then.
+        """
+        deadline = time.monotonic() + seconds
+        while self._signalled is None and not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # Jittered, so that the instances that lost Redis together do not all come back in one beat.
+            self._sleep(min(remaining, PROBE_SECONDS * (0.5 + 0.5 * random.random())))
+            if self._signalled is not None or self._stop.is_set() or time.monotonic() >= deadline:
+                return
+            try:
+                self._registry().connection.ping()
+            except Exception:  # noqa: BLE001 - still unreachable (or not yet a client): keep waiting
+                continue
+            return
 
     def _check_health(self, registry):
         passing = self._probe()

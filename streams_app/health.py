@@ -86,7 +86,8 @@ def check_application(timeout):
 
 CHECKS = {"redis": check_redis, "database": check_database, "application": check_application}
 
-logger = logging.getLogger("project.health")
+# Under streams_app: a host project has no `project` package, and its LOGGING names streams_app.*.
+logger = logging.getLogger("streams_app.health")
 _last_error = {}  # check name -> the last error logged for it, in this process
 
 

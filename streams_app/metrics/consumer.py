@@ -150,6 +150,10 @@ class BacklogCollector:
         wanted = {(spec.stream, spec.group): spec for spec in specs}
         try:
             conn = (self._connection or get_connection)()
+            if not streams:
+                # An empty pipeline never reaches Redis: with no group registered the scrape said
+                # scrape_ok 1 with Redis down or frozen.
+                conn.ping()
             pipe = conn.pipeline(transaction=False)
             for stream in streams:
                 pipe.xinfo_groups(stream)

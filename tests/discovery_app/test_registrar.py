@@ -77,6 +77,30 @@ def test_survives_a_redis_outage_and_registers_again(redis_factory, use_redis, r
     wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=15, what="re-registration after the outage")
 
 
+def test_registers_again_as_soon_as_redis_answers_not_at_the_end_of_a_long_back_off(
+        redis_factory, use_redis, registrars, settings, caplog):
+    # Issue 34 (round 3): after a long outage the registrar slept out its back-off (up to
+    # HEARTBEAT_INTERVAL) before re-registering, although Redis answered again long before.
+    settings.DISCOVERY = {"RETRY_BACKOFF_MAX": 30.0}
+    server = redis_factory()
+    use_redis(server)
+    registrar = registrars("orders", "h", 1, interval=25, ttl=60).start()
+    assert ids("orders") == [registrar.instance_id]
+    server.stop()
+    registrar._wake()  # the next heartbeat now, not in 25 s
+
+    def backing_off():
+        waits = [float(r.getMessage().rsplit("retrying in ", 1)[1].split()[0]) for r in caplog.records
+                 if "retrying in" in r.getMessage()]
+        return waits and waits[-1] >= 6
+
+    wait_for(backing_off, timeout=30, what="a back-off of 6 s or more")
+    server.start()  # empty: the record is gone
+    # Well within the back-off left (6 s or more): the registrar noticed Redis answering again.
+    wait_for(lambda: ids("orders") == [registrar.instance_id], timeout=4, interval=0.1,
+             what="re-registration soon after Redis answers again")
+
+
 def test_starting_while_redis_is_down_registers_once_it_is_up(redis_factory, use_redis, registrars):
     server = redis_factory()
     use_redis(server)

@@ -18,7 +18,7 @@ import time
 import django
 import pytest
 
-from tests.host_project import HostGunicorn, build_wheel, get, host_env, make_host_project, run
+from tests.host_project import ROOT, HostGunicorn, build_wheel, get, host_env, make_host_project, run
 from tests.redis_server import free_port
 from tests.serving.load import Load
 from tests.waiting import wait_for
@@ -172,3 +172,36 @@ def test_readyz_fails_while_the_application_cannot_load_with_the_middleware_firs
     assert body["checks"] == {"redis": "ok", "database": "ok", "application": "cannot load"}, body
     assert "a_module_nobody_installed" not in json.dumps(body)  # the cause goes to the log, not to probes
     assert "a_module_nobody_installed" in server.output()
+
+
+METRICS_BLOCK = re.compile(r"<!-- host-metrics: settings.py -->\n```python\n(?P<body>.*?)```", re.S)
+SHOP_REQUESTS = re.compile(r'^django_http_requests_total_by_view_transport_method_total\{(?=[^}]*method="GET")'
+                           r'(?=[^}]*view="shop\.views\.index")[^}]*\} (?P<count>\S+)$', re.M)
+
+
+def test_request_metrics_added_as_install_md_says_are_served_by_shoals_metrics_across_workers(site, servers):
+    # Issue 34 (round 3, F4): a host project's /metrics has no django-prometheus request metrics, and
+    # docs/install.md "Request metrics in your project" says how to add them; this follows it as written.
+    site, venv, env = site
+    server = HostGunicorn(site, venv, env, port=free_port(), workers=2)
+    servers.append(server)
+    wait_for(lambda: server.answers("/shop/") == 200, timeout=120, what="the host's gunicorn serving /shop/")
+    wait_for(lambda: server.output().count(") is ready (app loaded") >= 2, timeout=60, what="both workers ready")
+    status, body = get(server.port, "/metrics")
+    assert status == 200 and "shoal_backlog_scrape_ok 1.0" in body, body[-2000:]
+    assert "django_http_" not in body  # what serving.md says the packaged /metrics has not
+
+    install = ["--no-deps", "django-prometheus==2.5.0"] if django.VERSION >= (6, 1) else ["django-prometheus"]
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *install], cwd=site, env=env)
+    [block] = METRICS_BLOCK.findall((ROOT / "docs" / "install.md").read_text())
+    with open(site / "host" / "settings.py", "a") as f:
+        f.write("\n# Added per docs/install.md 'Request metrics in your project'\n" + block)
+    assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
+    wait_for(lambda: server.output().count(") is ready (app loaded") >= 4, timeout=60, what="two new workers ready")
+
+    for _ in range(20):  # a connection each: the kernel hands them to either worker
+        assert get(server.port, "/shop/")[0] == 200
+    status, body = get(server.port, "/metrics")
+    assert status == 200 and "shoal_backlog_scrape_ok 1.0" in body, body[-2000:]
+    counts = [float(m["count"]) for m in SHOP_REQUESTS.finditer(body)]
+    assert counts == [20.0], [line for line in body.splitlines() if "shop" in line]

@@ -64,3 +64,16 @@ def test_readyz_is_503_naming_the_application_when_its_urlconf_cannot_load(clien
     assert body["failing"] == ["application"] and body["checks"]["application"] == "cannot load"
     assert "a_module_nobody_installed" not in response.content.decode()
     assert "No module named 'a_module_nobody_installed'" in caplog.text
+
+
+def test_readiness_logs_under_streams_app_which_a_host_project_configures(caplog):
+    # Issue 34 (round 3, F5): it logged as project.health, a package a host project does not have, so
+    # the LOGGING block docs/install.md gives (loggers streams_app.*) never named it.
+    def broken(timeout):
+        raise OSError("the readiness logger's name is checked")
+
+    with caplog.at_level("INFO", logger="streams_app"):
+        run_checks(1.0, {"logger-name-check": broken})
+        run_checks(1.0, {"logger-name-check": lambda timeout: None})
+    assert [(r.name, r.levelname) for r in caplog.records if "logger-name-check" in r.getMessage()] == [
+        ("streams_app.health", "WARNING"), ("streams_app.health", "INFO")]

@@ -1,5 +1,6 @@
 """Consumer metrics: recorded per chunk by run_chunk, and the backlog read from Redis at scrape time."""
 import json
+import signal
 import urllib.request
 
 import pytest
@@ -13,6 +14,7 @@ from streams_app.consuming.chunks import run_chunk
 from streams_app.message import Message
 from streams_app.registry import select
 from tests.redis_server import free_port
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.both_redis
 
@@ -132,3 +134,38 @@ def test_consumer_metrics_server_serves_the_process_metrics(redis):
         REGISTRY.unregister(next(c for c in list(REGISTRY._collector_to_names) if isinstance(c, metrics.BacklogCollector)))
     assert 'shoal_messages_handled_total{group="g",stream="metrics-test"}' in body
     assert "shoal_backlog_scrape_ok 1.0" in body
+
+
+def test_backlog_collector_with_no_groups_still_says_when_redis_is_down(redis_factory, use_redis):
+    # Issue 34 (round 3, F5): with nothing registered the scrape sent no command at all and said
+    # scrape_ok 1 whatever Redis did.
+    server = redis_factory()
+    use_redis(server)
+    collector = metrics.BacklogCollector([])
+    assert scrape_ok(collector) == 1
+    server.stop()
+    assert scrape_ok(collector) == 0
+
+
+def test_backlog_collector_with_no_groups_says_when_redis_is_frozen(redis_factory, use_redis):
+    from shoal_common.redisconn import dedicated_connection
+    from streams_app.connection import get_connection
+
+    server = redis_factory()
+    use_redis(server)
+    conn = dedicated_connection(get_connection(), socket_timeout=0.5, socket_connect_timeout=0.5)
+    collector = metrics.BacklogCollector([], connection=lambda: conn)
+    assert scrape_ok(collector) == 1
+    server.process.send_signal(signal.SIGSTOP)  # hung: the kernel accepts, nothing answers
+    try:
+        families = collector.collect()
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert [f.name for f in families] == ["shoal_backlog_scrape_ok"] and families[0].samples[0].value == 0
+    wait_for(lambda: scrape_ok(collector) == 1,
+             timeout=15, what="scrape_ok 1 once Redis answers again")
+
+
+def scrape_ok(collector):
+    [family] = [f for f in collector.collect() if f.name == "shoal_backlog_scrape_ok"]
+    return family.samples[0].value
