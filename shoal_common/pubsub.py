@@ -8,9 +8,18 @@ what it may have missed then. A failing ``on_message`` is logged and the thread 
 While subscribed it polls every ``POLL_SECONDS``; after each poll ``tick()`` runs (periodic work that
 must share the thread, e.g. discovery's expiry sweep), and ``idle()`` returning True ends the thread
 (nobody listens any more).
+
+A quiet channel carries nothing that could time out, so a connection that died without a word (a NAT
+or load-balancer drop, a half-open link) would leave the thread subscribed to nothing for good: redis-py's
+health-check PING on a pub/sub connection is sent, but its reply is never awaited. So after
+``ALIVE_SECONDS`` without hearing anything the thread PINGs, and a PING unanswered for as long counts
+as a lost subscription (tests/network/test_subscriber.py).
 """
 import logging
 import threading
+import time
+
+import redis
 
 from shoal_common.backoff import backoff_delay
 from shoal_common.connections import TRANSIENT_ERRORS
@@ -20,6 +29,7 @@ logger = logging.getLogger("shoal_common.pubsub")
 
 class Subscriber(threading.Thread):
     POLL_SECONDS = 1.0
+    ALIVE_SECONDS = 3.0
 
     def __init__(self, channel, connect, on_message, *, name, on_subscribed=None, backoff_max=5.0, log=None,
                  tick=None, idle=None):
@@ -40,27 +50,38 @@ class Subscriber(threading.Thread):
         while not self.stopping.is_set():
             pubsub = None
             try:
-                pubsub = self.connect().pubsub(ignore_subscribe_messages=True)
+                pubsub = self.connect().pubsub()  # the confirmation is read below, not hidden
                 pubsub.subscribe(self.channel)
-                # Read the subscribe confirmation: subscribed from here on. (What it returns is a
-                # message only if one came first: ignore_subscribe_messages hides the confirmation.)
-                first = pubsub.get_message(timeout=self.POLL_SECONDS)
+                # Subscribed once Redis confirms it: a connection that accepts and stays silent (a
+                # blackhole) must not count, nor have on_subscribed called as if it were.
+                first = pubsub.get_message(timeout=self.ALIVE_SECONDS)
+                if first is None:
+                    raise redis.TimeoutError(f"no confirmation of the subscription in {self.ALIVE_SECONDS:g}s")
                 if self.on_subscribed is not None:
                     self.on_subscribed()
                 self.subscribed.set()
-                if first is not None and first["type"] == "message":
+                if first["type"] == "message":
                     self._deliver(first["data"])
                 if self.failures:
                     self.log.warning("%s: subscribed to %s again after %d failed attempts", self.name, self.channel,
                                      self.failures)
                     self.failures = 0
+                heard, pinged = time.monotonic(), None
                 while not self.stopping.is_set():
                     if self.idle is not None and self.idle():
                         self.stopping.set()
                         break
                     message = pubsub.get_message(timeout=self.POLL_SECONDS)
-                    if message is not None and message["type"] == "message":
-                        self._deliver(message["data"])
+                    now = time.monotonic()
+                    if message is not None:
+                        heard, pinged = now, None  # a message or the reply to our PING: the connection lives
+                        if message["type"] == "message":
+                            self._deliver(message["data"])
+                    elif pinged is not None and now - pinged >= self.ALIVE_SECONDS:
+                        raise redis.TimeoutError(f"no reply to a PING in {self.ALIVE_SECONDS:g}s")
+                    elif pinged is None and now - heard >= self.ALIVE_SECONDS:
+                        pubsub.ping()
+                        pinged = now
                     if self.tick is not None:
                         self.tick()
             except TRANSIENT_ERRORS as exc:
