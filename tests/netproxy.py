@@ -41,6 +41,7 @@ class _Link:
                 if self.dead:
                     if src is self.client and self.proxy.heals > self.dead_at:
                         self.proxy.stale_sends += 1
+                        self.proxy.stale_samples.append(data[:120])  # what was sent: for failure messages
                     continue
                 if self.proxy.delay_ms:
                     time.sleep(self.proxy.delay_ms / 1000)
@@ -73,6 +74,7 @@ class NetProxy:
         self.accepted = 0  # connections accepted so far (a test can wait for a reconnect)
         self.heals = 0
         self.stale_sends = 0  # chunks clients sent, after a heal, on connections blackholed before it
+        self.stale_samples = []
         self._links = set()
         self._lock = threading.Lock()
         self._listener = None

@@ -332,6 +332,8 @@ def test_nothing_is_lost_under_fire(redis_factory, database, seed):
             what=f"the {mark} keys published before the heal handled within {DRAIN_DEADLINE} s of it (seed {seed})")
         print(f"chaos seed {seed}: the effects group caught up {caught_up:.1f} s after the process faults; the "
               f"keys published before the end of the blackhole were handled {drained:.1f} s after it", flush=True)
+        # Each connection that died in the blackhole and was used again would have cost a full socket timeout.
+        assert proxy.stale_sends == 0, f"seed {seed}: blackholed connections used after the heal: {proxy.stale_samples[:5]}"
         producer.stop.set()
         producer.join(60)
         assert not producer.is_alive() and producer.error is None, f"seed {seed}: producer: {producer.error!r}"
