@@ -124,6 +124,15 @@ def dedicated_connection(shared, client_name=None, **overrides):
 
 
 def _make_cluster(**kwargs):
+    # Every node's pool fault-aware (shoal_common.netfaults), as on one server: redis-py drops the idle
+    # connections of the one pool whose command failed, but not those of the process's other clients to
+    # that node (the shared client, each reader, node pipelines), which would each cost a full socket
+    # timeout after the network heals. redis-py takes a pool class only for a client made from a URL.
+    kwargs.setdefault("connection_pool_class", netfaults.FaultAwarePool)
+    if "url" not in kwargs:
+        first, *others = kwargs.pop("startup_nodes")
+        host = f"[{first.host}]" if ":" in first.host else first.host
+        kwargs.update(url=f"redis://{host}:{first.port}/0", startup_nodes=others)
     try:
         return RedisCluster(**kwargs)
     except SlotNotCoveredError:

@@ -20,7 +20,8 @@ SETTINGS = (
             "slots (two chunks per thread), so slow handlers get small reads: a large value costs nothing there."),
     Setting("BLOCK_MS", 2000, MILLISECONDS_INT,
             "How long an idle XREADGROUP blocks waiting for new entries. A consumer's reader gets its own socket "
-            "timeout, BLOCK_MS plus 5 s, so a read on a dead connection fails soon after its block (docs/consuming.md)."),
+            "timeout, BLOCK_MS plus 5 s, so a read on a dead connection fails soon after its block (docs/consuming.md); "
+            "BLOCK_MS may therefore exceed the cache's SOCKET_TIMEOUT, at the cost of a later recovery from a network fault."),
     Setting("THREADS", 4, POSITIVE_INT,
             "Handler threads per worker process (``runconsumer --threads``)."),
     Setting("ASYNC_CONCURRENCY", 100, POSITIVE_INT,

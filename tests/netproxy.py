@@ -5,6 +5,8 @@ it at once); ``delay(ms)`` holds each chunk ``ms`` before passing it on; ``black
 connection, old and new, open but forwards nothing in either direction, and the connections it
 caught stay dead after ``heal()``, as after a NAT or load-balancer drop (only new ones work again);
 ``refuse()`` closes the listener, so connects are refused until ``heal()`` opens it on the same port.
+``stale_sends`` counts what clients sent, after a heal, on connections blackholed before it: a
+connection that died in the fault and was used again (each such use costs a full socket timeout).
 
 Threads, two per connection: a test's handful of clients needs nothing smarter.
 """
@@ -25,6 +27,7 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.dead = dead  # blackholed: read and dropped, forever
+        self.dead_at = proxy.heals  # heals before it was blackholed
         self.closed = False
         for src, dst in ((client, upstream), (upstream, client)):
             threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
@@ -36,6 +39,9 @@ class _Link:
                 if not data:
                     break
                 if self.dead:
+                    if src is self.client and self.proxy.heals > self.dead_at:
+                        self.proxy.stale_sends += 1
+                        self.proxy.stale_samples.append(data[:120])  # what was sent: for failure messages
                     continue
                 if self.proxy.delay_ms:
                     time.sleep(self.proxy.delay_ms / 1000)
@@ -66,6 +72,9 @@ class NetProxy:
         self.delay_ms = 0
         self.blackholed = False
         self.accepted = 0  # connections accepted so far (a test can wait for a reconnect)
+        self.heals = 0
+        self.stale_sends = 0  # chunks clients sent, after a heal, on connections blackholed before it
+        self.stale_samples = []
         self._links = set()
         self._lock = threading.Lock()
         self._listener = None
@@ -101,6 +110,7 @@ class NetProxy:
         """Back to ``pass`` for new connections; blackholed ones stay dead."""
         self.delay_ms = 0
         self.blackholed = False
+        self.heals += 1
         if self._listener is None:
             self.start()
 
@@ -117,7 +127,8 @@ class NetProxy:
         self.blackholed = True
         with self._lock:
             for link in self._links:
-                link.dead = True
+                if not link.dead:
+                    link.dead, link.dead_at = True, self.heals
 
     def refuse(self):
         listener, self._listener = self._listener, None

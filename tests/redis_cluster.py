@@ -4,6 +4,10 @@ Each node is a subprocess of the test run (never daemonized), so stopping the cl
 exactly the processes the tests started. ``start()`` returns once the cluster says ``ok``, every
 slot is served and every replica has finished its first sync (a replica that never synced refuses
 to fail over).
+
+``proxied=True`` puts a TCP proxy (tests/netproxy.py) in front of each node and has the node announce
+the proxy's port (``cluster-announce-port``; the bus stays direct), so every client that learns the
+topology from the cluster, and replication, goes through the proxies: ``proxies[port]`` faults one node.
 """
 import os
 import random
@@ -15,6 +19,7 @@ import subprocess
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from tests.netproxy import NetProxy
 from tests.redis_server import REDIS_SERVER
 from tests.waiting import wait_for
 
@@ -40,12 +45,14 @@ def free_cluster_port(taken=()):
 
 
 class RedisClusterServer:
-    def __init__(self, directory, masters=3, replicas=0):
+    def __init__(self, directory, masters=3, replicas=0, proxied=False):
         self.directory = directory
         self.masters = masters
         self.replicas = replicas
+        self.proxied = proxied
         self.ports = []
         self.processes = {}
+        self.proxies = {}  # node port -> its NetProxy (proxied only)
 
     # The same surface as tests.redis_server.RedisServer, so a test can take either.
     @property
@@ -73,6 +80,12 @@ class RedisClusterServer:
         self.ports = []
         for _ in range(count):
             self.ports.append(free_cluster_port(taken=set(self.ports) | {p + BUS_PORT_OFFSET for p in self.ports}))
+        if self.proxied:
+            # Not on a node's bus port, which is bound only when the node starts.
+            taken = set(self.ports) | {p + BUS_PORT_OFFSET for p in self.ports}
+            for port in self.ports:
+                self.proxies[port] = NetProxy(port, port=free_cluster_port(taken)).start()
+                taken.add(self.proxies[port].port)
         for port in self.ports:
             self._start_node(port)
         for port in self.ports:
@@ -91,11 +104,15 @@ class RedisClusterServer:
     def _start_node(self, port):
         directory = os.path.join(self.directory, str(port))
         os.makedirs(directory, exist_ok=True)
+        announce = []
+        if port in self.proxies:
+            announce = ["--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", str(self.proxies[port].port),
+                        "--cluster-announce-bus-port", str(port + BUS_PORT_OFFSET)]
         self.processes[port] = subprocess.Popen(
             [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--logfile", "redis.log"],
+             "--daemonize", "no", "--logfile", "redis.log", *announce],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -137,3 +154,5 @@ class RedisClusterServer:
             if process.poll() is None:
                 process.send_signal(sig)
                 process.wait(timeout=10)
+        for proxy in self.proxies.values():
+            proxy.stop()

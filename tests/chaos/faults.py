@@ -2,7 +2,8 @@
 
 The schedule is drawn up front from one seeded generator: which faults, when (seconds after the
 start of publishing) and which target (a fraction, mapped onto whatever processes exist then).
-The same seed gives the same schedule; process timing itself is the machine's.
+The same seed gives the same schedule; process timing itself is the machine's. The network phase
+follows the process faults, drawn from the same seed: a cut, a delay, a blackhole, one at a time.
 """
 import random
 from dataclasses import dataclass
@@ -15,10 +16,14 @@ GROUPS = ("effects", "flaky")
 @dataclass(frozen=True)
 class Fault:
     at: float  # seconds after publishing starts
-    kind: str  # kill_worker | kill_master | hup | restart_redis
+    kind: str  # kill_worker | kill_master | hup | restart_redis | cut | delay | blackhole
     group: str  # the supervisor it hits ("" for Redis)
-    pick: float  # in [0, 1): which worker, among those alive then
-    pause: float  # kill_master: seconds before the master is restarted; restart_redis: seconds down
+    pick: float  # in [0, 1): which worker, among those alive then; delay: how long (delay_ms)
+    pause: float  # kill_master: seconds before the master is restarted; restart_redis, delay, blackhole: seconds
+
+    @property
+    def delay_ms(self):
+        return int(100 + 300 * self.pick)
 
     def __str__(self):
         target = f" {self.group}" if self.group else ""
@@ -42,6 +47,19 @@ def schedule(seed, duration, *, worker_kills, master_kills, hups, redis_restarts
     add("hup", hups)
     add("restart_redis", redis_restarts, late=duration * 0.8, pause=(0.0, 2.0), group=False)
     return sorted(faults, key=lambda f: f.at)
+
+
+def network_phase(seed, start, *, blackhole):
+    """The network faults, in order from ``start``: every connection cut at once; each chunk held
+    100-400 ms for 4-6 s; then a blackhole of ``blackhole`` seconds or up to 2 s more (connections
+    stay open and dead, as after a NAT or load-balancer drop). Each ends before the next begins."""
+    rng = random.Random(f"network {seed}")  # its own stream: the process schedule of a seed stays the same
+    cut = Fault(at=round(start + rng.uniform(0.5, 1.5), 1), kind="cut", group="", pick=0.0, pause=0.0)
+    delay = Fault(at=round(cut.at + rng.uniform(1.5, 2.5), 1), kind="delay", group="", pick=rng.random(),
+                  pause=round(rng.uniform(4.0, 6.0), 1))
+    hole = Fault(at=round(delay.at + delay.pause + rng.uniform(1.0, 2.0), 1), kind="blackhole", group="",
+                 pick=0.0, pause=round(rng.uniform(blackhole, blackhole + 2.0), 1))
+    return [cut, delay, hole]
 
 
 def workers(master_pid):

@@ -10,8 +10,16 @@ at a steady rate to ``chaos``, read by two groups, each under its own ``runconsu
 
 Faults come from a schedule drawn from one seed (printed; ``SHOAL_CHAOS_SEED=<seed>`` replays it):
 SIGKILL of workers, SIGKILL of a supervisor master (its workers see they are orphaned and stop; the
-master is started again), SIGHUP rolling restarts, one restart of redis-server. Then SIGTERM of
-everything, and the checks, by counting.
+master is started again), SIGHUP rolling restarts, one restart of redis-server. Then, once the
+effects group has caught up, the network phase, publishing NETWORK_RATE a second all along: Shoal's
+processes reach Redis through a TCP proxy (tests/netproxy.py; the producer and the checks do not),
+which cuts every connection, delays every chunk for a few seconds, then blackholes every connection
+for longer than both the pool's socket timeout (5 s) and a reader's (BLOCK_MS + 5 s); after the
+heal, every key published before it must have its effect within DRAIN_DEADLINE (the recovery bound
+of docs/consuming.md plus the time to work off the backlog). Then SIGTERM of everything, and the
+checks, by counting.
+
+    nice -n 10 .venv/bin/pytest -s tests/chaos/test_chaos.py  # prints the recovery after the blackhole
 
 Redis restarts with SIGTERM: a clean shutdown fsyncs the AOF, so Redis keeps every write it
 acknowledged and the counts can be strict. Killed with SIGKILL under ``appendfsync everysec``,
@@ -41,6 +49,7 @@ from project.env import env_bool
 from streams_app.producer import encode_message
 from tests.chaos import faults
 from tests.conftest import ROOT, ConsumerProcess
+from tests.netproxy import NetProxy
 from tests.testapp.consumers import CHAOS_STREAM, chaos_fails
 from tests.waiting import wait_for
 
@@ -49,6 +58,9 @@ pytestmark = pytest.mark.slow
 LONG = env_bool("SHOAL_CHAOS_LONG", False)
 MESSAGES = 100_000 if LONG else 20_000
 PUBLISH_SECONDS = 200 if LONG else 40
+NETWORK_RATE = 100  # messages a second published through the network phase
+BLACKHOLE = 10  # seconds at least: above the pool's SOCKET_TIMEOUT (5 s) and a reader's, BLOCK_MS + 5 s
+DRAIN_DEADLINE = 40  # seconds after the heal: docs/consuming.md's 12 s bound, then the backlog worked off
 FAULTS = (dict(worker_kills=24, master_kills=4, hups=6, redis_restarts=3) if LONG
           else dict(worker_kills=6, master_kills=1, hups=2, redis_restarts=1))
 SETTLE_SECONDS = 300 if LONG else 90  # after the last publish, for every entry to be handled or dead-lettered
@@ -89,12 +101,15 @@ def database(tmp_path):
 class Cluster:
     """The processes of the run, and the faults applied to them."""
 
-    def __init__(self, server, database):
+    def __init__(self, server, proxy, database):
         self.server = server
+        self.proxy = proxy
+        self.producer = None
+        self.healed = None  # (monotonic time, keys published) when the blackhole ended
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "REDIS_URL": server.url,
+            "REDIS_URL": proxy.url,
             "DATABASE_URL": f"sqlite:///{database}",
             "SHOAL_TEST_STREAMS": json.dumps(STREAMS),
             "PYTHONUNBUFFERED": "1",
@@ -156,6 +171,25 @@ class Cluster:
         self.server.start()
         return f"redis-server down {fault.pause}s"
 
+    def cut(self, fault):
+        links = self.proxy.links
+        self.proxy.cut()
+        return f"cut {links} connections"
+
+    def delay(self, fault):
+        self.proxy.delay(fault.delay_ms)
+        time.sleep(fault.pause)  # the fault itself
+        self.proxy.heal()
+        return f"held every chunk {fault.delay_ms} ms for {fault.pause}s"
+
+    def blackhole(self, fault):
+        links = self.proxy.links
+        self.proxy.blackhole()
+        time.sleep(fault.pause)  # the fault itself
+        self.proxy.heal()
+        self.healed = (time.monotonic(), len(self.producer.published))
+        return f"blackholed {links} connections (and every new one) for {fault.pause}s"
+
     def check_masters(self):
         """A master that exited mid-run fails the run at once, with its output, not after the settle timeout."""
         for group, master in self.masters.items():
@@ -189,14 +223,19 @@ class Cluster:
 
 
 class Producer(threading.Thread):
-    """XADDs keyed messages in pipelined batches at a steady rate, retrying batches Redis did not take."""
+    """XADDs keyed messages in pipelined batches at a steady rate, retrying batches Redis did not take:
+    ``keys`` over ``seconds``, then more keys (``m000000``... sorting after them) at ``then_rate`` a
+    second until ``stop`` is set."""
 
-    def __init__(self, server, keys, seconds):
+    def __init__(self, server, keys, seconds, then_rate):
         super().__init__(daemon=True)
         self.client = server.client()
         self.keys = keys
         self.seconds = seconds
+        self.then_rate = then_rate
+        self.stop = threading.Event()
         self.retried_batches = 0
+        self.published = []  # the keys stored, in order (keys sort in the order they are published)
         self.error = None
 
     def run(self):
@@ -205,18 +244,25 @@ class Producer(threading.Thread):
             for first in range(0, len(self.keys), BATCH):
                 due = start + self.seconds * first / len(self.keys)
                 time.sleep(max(0.0, due - time.monotonic()))  # pacing: the steady rate itself
-                batch = [encode_message({"n": first + i}, key=k) for i, k in enumerate(self.keys[first : first + BATCH])]
-                self.publish(batch)
+                self.publish(self.keys[first : first + BATCH])
+            batch = max(1, self.then_rate // 10)
+            start, first = time.monotonic(), 0
+            while not self.stop.wait(max(0.0, start + first / self.then_rate - time.monotonic())):
+                self.publish([f"m{n:06d}" for n in range(first, first + batch)])
+                first += batch
         except BaseException as exc:  # surfaced by the test
             self.error = exc
 
-    def publish(self, batch):
+    def publish(self, keys):
+        n = len(self.published)
+        batch = [encode_message({"n": n + i}, key=k) for i, k in enumerate(keys)]
         while True:
             try:
                 pipe = self.client.pipeline(transaction=False)
                 for fields in batch:
                     pipe.xadd(CHAOS_STREAM, fields)
                 pipe.execute()
+                self.published.extend(keys)
                 return
             except (redis_py.ConnectionError, redis_py.TimeoutError, redis_py.BusyLoadingError):
                 # Some of the batch may be stored already: publishing again may store a key twice.
@@ -229,28 +275,69 @@ def effect_counts(database):
         return Counter(dict(db.execute("SELECT name, COUNT(*) FROM testapp_effect GROUP BY name").fetchall()))
 
 
+def effects_of(database, published):
+    """How many of the keys ``published`` (each once, in the order they sort) have their effect."""
+    with sqlite3.connect(database, timeout=30) as db:
+        return db.execute("SELECT COUNT(DISTINCT name) FROM testapp_effect WHERE name <= ?", (published[-1],)).fetchone()[0]
+
+
+def wait_for_effects(cluster, database, published, *, since, timeout, what):
+    """Until every key of ``published`` has its effect; how long that took after ``since``."""
+    try:
+        wait_for(lambda: cluster.check_masters() or effects_of(database, published) == len(published),
+                 timeout=timeout - (time.monotonic() - since), interval=0.2, what=what)
+    except AssertionError:
+        print(f"{effects_of(database, published)} of {len(published)} handled", flush=True)
+        raise
+    return time.monotonic() - since
+
+
 def dead_letters(client):
     return [fields for _, fields in client.xrange(DLQ)]
 
 
-@pytest.mark.timeout(PUBLISH_SECONDS + SETTLE_SECONDS + 180)
+@pytest.mark.timeout(PUBLISH_SECONDS + 2 * SETTLE_SECONDS + 240)
 def test_nothing_is_lost_under_fire(redis_factory, database, seed):
     server = redis_factory(persistent=True)
     client = server.client()
     keys = [f"k{n:06d}" for n in range(MESSAGES)]
     plan = faults.schedule(seed, PUBLISH_SECONDS, **FAULTS)
+    network = faults.network_phase(seed, 0.0, blackhole=BLACKHOLE)
     print("fault schedule:\n  " + "\n  ".join(map(str, plan)), flush=True)
-    cluster = Cluster(server, database)
+    print("then, once the effects group caught up:\n  " + "\n  ".join(map(str, network)), flush=True)
+    proxy = NetProxy(server.port).start()
+    cluster = Cluster(server, proxy, database)
     try:
         cluster.start()
-        producer = Producer(server, keys, PUBLISH_SECONDS)
+        producer = cluster.producer = Producer(server, keys, PUBLISH_SECONDS, then_rate=NETWORK_RATE)
         producer.start()
         start = time.monotonic()
         for fault in plan:
             time.sleep(max(0.0, start + fault.at - time.monotonic()))  # the schedule's own clock
             cluster.apply(fault)
-        producer.join(PUBLISH_SECONDS + 120)
+
+        # The network phase starts from a caught-up group (publishing goes on), so that what it
+        # measures is the recovery from its own faults, not the backlog the process faults left.
+        wait_for(lambda: len(producer.published) >= len(keys) or producer.error, timeout=PUBLISH_SECONDS + 60,
+                 what="the first keys published")
+        caught_up = wait_for_effects(cluster, database, producer.published[:len(keys)], since=time.monotonic(),
+                                     timeout=SETTLE_SECONDS, what=f"the effects group caught up (seed {seed})")
+        start = time.monotonic()
+        for fault in network:
+            time.sleep(max(0.0, start + fault.at - time.monotonic()))
+            cluster.apply(fault)
+        healed, mark = cluster.healed
+        drained = wait_for_effects(
+            cluster, database, producer.published[:mark], since=healed, timeout=DRAIN_DEADLINE,
+            what=f"the {mark} keys published before the heal handled within {DRAIN_DEADLINE} s of it (seed {seed})")
+        print(f"chaos seed {seed}: the effects group caught up {caught_up:.1f} s after the process faults; the "
+              f"keys published before the end of the blackhole were handled {drained:.1f} s after it", flush=True)
+        # Each connection that died in the blackhole and was used again would have cost a full socket timeout.
+        assert proxy.stale_sends == 0, f"seed {seed}: blackholed connections used after the heal: {proxy.stale_samples[:5]}"
+        producer.stop.set()
+        producer.join(60)
         assert not producer.is_alive() and producer.error is None, f"seed {seed}: producer: {producer.error!r}"
+        keys = producer.published
         print("faults applied:\n  " + "\n  ".join(cluster.log), flush=True)
 
         # What Redis holds is what the checks count: a batch retried after the restart may hold a key twice.
@@ -314,13 +401,16 @@ def test_nothing_is_lost_under_fire(redis_factory, database, seed):
             assert (group["pending"], group["lag"]) == (0, 0), f"seed {seed}: {group}"
         assert cluster.done["kill_worker"] >= FAULTS["worker_kills"] // 2, f"seed {seed}: faults did not land: {cluster.log}"
         assert cluster.done["restart_redis"] == FAULTS["redis_restarts"]
+        assert (cluster.done["cut"], cluster.done["delay"], cluster.done["blackhole"]) == (1, 1, 1)
         logs = cluster.outputs(tail=None)
         print(f"chaos seed {seed}: {len(entries)} entries ({len(entries) - len(by_key)} stored twice by producer "
               f"retries), {len(failing)} dead-lettered, {sum(handled.values()) - len(handled)} redeliveries "
               f"in flaky, {logs.count('is a duplicate')} duplicates acked unseen by the db guard, "
-              f"{logs.count('took over')} takeovers; faults {dict(cluster.done)}", flush=True)
+              f"{logs.count('took over')} takeovers; faults {dict(cluster.done)}; handled what was published "
+              f"before the end of the blackhole {drained:.1f} s after it", flush=True)
     except BaseException:
         print(cluster.outputs(), flush=True)
         raise
     finally:
         cluster.kill_all()
+        proxy.stop()

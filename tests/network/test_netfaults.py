@@ -8,7 +8,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shoal_common.netfaults import FaultAwarePool
-from shoal_common.redisconn import ConnectionFactory
+from shoal_common.redisconn import ConnectionFactory, dedicated_connection
 
 
 def _client(proxy, pool_class):
@@ -73,3 +73,15 @@ def test_connections_use_tcp_keepalive(net_proxy):
 def test_the_shared_pool_is_fault_aware(settings, net_proxy):
     factory = ConnectionFactory(settings.CACHES["default"]["OPTIONS"])
     assert factory.pool_cls is FaultAwarePool
+
+
+def test_a_cluster_clients_node_pools_are_fault_aware(settings, redis_cluster):
+    # redis-py clears the idle connections of the one node pool whose command failed; the process's
+    # other clients of that node (shared, readers, node pipelines) must drop theirs too.
+    factory = ConnectionFactory(settings.CACHES["default"]["OPTIONS"])
+    shared = factory.connect(f"redis+cluster://127.0.0.1:{redis_cluster.port}/0")
+    reader = dedicated_connection(shared, "reader", socket_timeout=3)
+    for client in (shared, reader):
+        pools = [node.redis_connection.connection_pool for node in client.get_nodes()]
+        assert len(pools) == 3 and all(isinstance(pool, FaultAwarePool) for pool in pools)
+    assert reader.get_connection_kwargs()["socket_timeout"] == 3 and reader.ping()

@@ -57,12 +57,15 @@ def test_blackhole_forwards_nothing_and_its_connections_stay_dead_after_heal(net
     with pytest.raises(TimeoutError):
         _ping(fresh)
     assert net_proxy.links == 2  # held open, not closed
+    assert net_proxy.stale_sends == 0  # sent during the fault: not a reuse after it
     net_proxy.heal()
     for sock in (old, fresh):
         with pytest.raises(TimeoutError):
             _ping(sock)
+    wait_for(lambda: net_proxy.stale_sends == 2, timeout=5, what="both dead connections' sends after the heal counted")
     new = socket.create_connection(("127.0.0.1", net_proxy.port), timeout=2)
     assert _ping(new) == b"+PONG\r\n"
+    assert net_proxy.stale_sends == 2
     for sock in (old, fresh, new):
         sock.close()
 

@@ -76,6 +76,7 @@ def test_consumers_read_again_soon_after_a_blackhole_longer_than_the_socket_time
     wait_for(lambda: len(_effects(database)) >= 40, timeout=RECOVERY_BOUND - (time.monotonic() - healed),
              what="every message published after the heal handled within the bound")
     print(f"recovered {time.monotonic() - healed:.1f} s after the heal")  # pytest -s shows the figure
+    assert net_proxy.stale_sends == 0, f"connections that died in the blackhole were used after the heal: {net_proxy.stale_samples}"
     wait_for(lambda: redis.xpending("dbjobs", "d")["pending"] == 0, timeout=30, what="everything acked")
     effects = _effects(database)
     assert sorted(effects) == sorted(before + during)  # nothing lost, nothing run twice
@@ -99,6 +100,7 @@ def test_the_reclaimer_works_again_soon_after_a_blackhole(redis, net_proxy, run_
     wait_for(lambda: redis.xpending("jobs", "a")["pending"] == 0, timeout=RECOVERY_BOUND + 1,
              what=f"the reclaimer dead-lettering within {RECOVERY_BOUND} s of the heal (+ its 1 s interval)")
     print(f"reclaimer recovered {time.monotonic() - healed:.1f} s after the heal")
+    assert net_proxy.stale_sends == 0, f"connections that died in the blackhole were used after the heal: {net_proxy.stale_samples}"
     assert sorted(f["shoal:origin_id"] for _, f in redis.xrange("{jobs}:dlq")) == sorted(ids)
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(30) == 0, daemon.output()[-3000:]
