@@ -16,6 +16,7 @@ from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.connection import TRANSIENT_ERRORS, node_client
 from streams_app.keys import key_type, liveness_key
+from streams_app.lag import find_group
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -69,7 +70,8 @@ def real_group(conn, stream, name):
         raise
     except TRANSIENT_ERRORS:
         return name  # the caller's own command meets the outage and its page says so
-    return next((g["name"] for g in groups if _text(g["name"]) == name), name)
+    info = find_group(groups, name)
+    return name if info is None else info["name"]
 
 
 def wrong_type_problem(conn, key, wanted, consequence):

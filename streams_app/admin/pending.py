@@ -37,6 +37,7 @@ from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimab
 from streams_app.deadletters import store as deadletters
 from streams_app.models import MirrorState
 from streams_app.registry import registered
+from streams_app.lag import find_group
 
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120
@@ -433,7 +434,7 @@ def _claim_refusal(conn, stream, group, name, target):
 
 def _group_exists(conn, stream, group):
     try:
-        return any(g["name"] == group or _text(g["name"]) == group for g in conn.xinfo_groups(stream))
+        return find_group(conn.xinfo_groups(stream), group) is not None
     except redis.ResponseError as exc:
         if is_missing(exc):
             return False

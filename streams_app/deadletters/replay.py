@@ -13,7 +13,7 @@ import redis
 
 from streams_app import keys, partitions, scripts
 from streams_app.connection import get_connection
-from streams_app.deadletters.store import PACKED_FIELDS, PREFIX, DeadLetter
+from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, failed_by
 from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
@@ -150,17 +150,6 @@ def _group_name(conn, stream, group):
     return None if info is None else info["name"]
 
 
-def _failed_by(fields):
-    """The group that failed a dead letter, as the bytes Redis holds (``fields`` as Redis returned them)."""
-    def field(name):
-        value = fields.get(name.encode())
-        return fields.get(name) if value is None else value
-
-    if field(PREFIX + "origin_id") is None and field("origin_id") is not None:
-        return field("group")  # written before Shoal namespaced its fields
-    return field(PREFIX + "group")
-
-
 def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter=None, batch_done=None):
     override = _override_text(payload_override)
     result = ReplayResult(dry_run=dry_run)
@@ -177,7 +166,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
             raw = found.get(entry_id)
             if raw is None:
                 result.skipped[entry_id] = "missing"
-            elif name_bytes(_failed_by(raw)) != group:
+            elif name_bytes(failed_by(raw)) != group:
                 result.skipped[entry_id] = "other-group"
             elif _too_wide(DeadLetter(entry_id, decode_fields(raw))):
                 result.skipped[entry_id] = "too-wide"  # what the script would answer: a dry run says it too
@@ -199,7 +188,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [DeadLetter(_text(i), decode_fields(f)) for i, f in page if name_bytes(_failed_by(f)) == group]
+        mine = [DeadLetter(_text(i), decode_fields(f)) for i, f in page if name_bytes(failed_by(f)) == group]
         result.skipped.update((letter.id, "too-wide") for letter in mine if _too_wide(letter))
         _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
                       result, counter, batch_done)

@@ -1,0 +1,87 @@
+"""On-call trial t33 (issue 33): another client's group named in bytes that are not UTF-8, on a stream
+Shoal's own groups read. Replays and Find a message go on for every group, that one included."""
+import pytest
+from django.core.management import call_command
+
+from streams_app import keys
+from streams_app.models import DeadLetter
+from tests.streams_app.admin.fixtures import dead_letter, staff_client  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+GROUPS = "/admin/streams_app/consumergroup/"
+LETTERS = "/admin/streams_app/deadletter/"
+BAD = b"grp\xff\xfe"
+SHOWN = "grp\\xff\\xfe"
+
+
+def messages_of(response):
+    return [str(m) for m in response.context["messages"]]
+
+
+@pytest.fixture
+def orders(redis_server, redis):
+    """``orders`` with the groups email, grp\\xff\\xfe (raw bytes) and points, one dead letter each."""
+    from streams_app.deadletters import store as deadletters
+
+    raw = redis_server.client(decode_responses=False)
+    letters = {group: dead_letter(redis, [{"n": n}], stream="orders", group=group)[0]
+               for n, group in enumerate(("email", "points"))}
+    raw.xgroup_create("orders", BAD, id="$")
+    entry = raw.xadd("orders", {b"payload": b'{"n": 9}'})
+    raw.xreadgroup(BAD, b"c", {"orders": ">"})
+    [(_, letters[SHOWN])] = deadletters.move(raw, "orders", BAD, [(entry, "RuntimeError: x", "")]).moved
+    return raw, letters
+
+
+def replayed_to(raw):
+    """The groups that replayed entries of ``orders`` are for, as Redis holds them."""
+    return sorted(f[b"shoal:target_group"] for _, f in raw.xrange("orders") if b"shoal:target_group" in f)
+
+
+@pytest.mark.parametrize("group", ["points", SHOWN])
+def test_replaying_selected_dead_letters_beside_a_group_not_utf8_replays_them_to_the_real_group(
+        staff_client, orders, group):
+    raw, letters = orders
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(GROUPS)
+    pk = DeadLetter.objects.get(entry_id=letters[group]).pk
+    response = client.post(LETTERS, {"action": "replay_selected", "_selected_action": [pk], "post": "yes"},
+                           follow=True)
+    assert response.status_code == 200
+    assert any(m.startswith("Replayed 1 dead letter") for m in messages_of(response)), messages_of(response)
+    assert replayed_to(raw) == [group.encode() if group == "points" else BAD]
+    assert {i.decode() for i, _ in raw.xrange(keys.dead_letter_key("orders"))} == set(letters.values()) - {letters[group]}
+
+
+def test_an_edited_replay_beside_a_group_not_utf8_is_done(staff_client, orders):
+    raw, letters = orders
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(GROUPS)
+    pk = DeadLetter.objects.get(entry_id=letters["points"]).pk
+    response = client.post(f"{LETTERS}{pk}/replay/", {"payload": '{"n": 42}', "post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert replayed_to(raw) == [b"points"]
+    [payload] = [f[b"payload"] for _, f in raw.xrange("orders") if b"shoal:target_group" in f]
+    assert payload == b'{"n":42}'
+
+
+def test_the_replay_command_beside_a_group_not_utf8_counts_and_replays_the_groups_letters(orders, capsys):
+    raw, letters = orders
+    call_command("replay", "orders", "--group", "points", "--all", "--dry-run")
+    assert "1" in capsys.readouterr().out and replayed_to(raw) == []
+    call_command("replay", "orders", "--group", SHOWN, "--all")
+    assert replayed_to(raw) == [BAD]
+
+
+def test_find_a_message_lists_every_group_of_a_stream_with_a_group_not_utf8(staff_client, orders):
+    raw, letters = orders
+    client = staff_client()
+    client.get(GROUPS)
+    first = raw.xrange("orders", count=1)[0][0].decode()
+    response = client.get(f"{GROUPS}find/", {"stream": "orders", "q": first})
+    assert not any("does not exist" in m for m in messages_of(response)), messages_of(response)
+    [found] = response.context["results"]
+    assert {p.group for p in found.places} == {"email", SHOWN, "points"}
+    assert {p.group: p.state for p in found.places}["email"] == "dead-lettered"
+
