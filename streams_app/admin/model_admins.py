@@ -390,7 +390,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             try:
                 result = replay(stream, group, ids=list(by_entry), conn=conn)
             except ReplayError as exc:
-                self.message_user(request, f"{stream}:{group}: {exc}", messages.ERROR)
+                self.message_user(request, f"Not replayed to {stream}:{group}: {exc}", messages.ERROR)
                 continue
             except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
                 # Each batch is one script: the ones before were replayed, this one and the rest were not.

@@ -137,7 +137,7 @@ def parse_filters(params):
             if not 0 <= value < 10**12:
                 raise ValueError
         except ValueError:
-            problems.append(f"{name}={raw!r} is not a number of {'seconds' if kind is float else 'deliveries'} "
+            problems.append(f"The filter {name}={raw!r} is not a number of {'seconds' if kind is float else 'deliveries'} "
                             "(0 or more); it was ignored")
             continue
         values[name] = value
@@ -428,7 +428,7 @@ def _claim_refusal(conn, stream, group, name, target):
     if not consumers and not _group_exists(conn, stream, name):
         return f"Group {group} no longer exists in Redis."
     if target not in consumers:
-        return f"{group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
+        return f"Group {group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
     return f"Consumer {owner_label(target)!r} is dead (its liveness lapsed): choose one that is not ({offered})."
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from streams_app import keys
-from streams_app.models import DeadLetter
+from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, staff_client  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -85,3 +85,18 @@ def test_find_a_message_lists_every_group_of_a_stream_with_a_group_not_utf8(staf
     assert {p.group for p in found.places} == {"email", SHOWN, "points"}
     assert {p.group: p.state for p in found.places}["email"] == "dead-lettered"
 
+
+
+def test_messages_that_name_a_stream_or_a_parameter_keep_its_case_on_the_page(staff_client, redis):
+    """Django's admin shows each message with its first letter capitalised: none may start with a name."""
+    from tests.streams_app.admin.fixtures import pending
+
+    [entry] = pending(redis, "orders", "a", [{"n": 1}])
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    url = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
+    claimed = client.post(url, {"action": "claim", "entry": [entry], "consumer": "nobody-here", "post": "yes"},
+                          follow=True).content.decode()
+    assert "orders:a has no consumer named" in claimed and "Orders:a" not in claimed
+    filtered = client.get(url, {"min_idle": "abc"}).content.decode()
+    assert "min_idle=&#x27;abc&#x27; is not a number" in filtered and "Min_idle" not in filtered
