@@ -100,3 +100,46 @@ def test_messages_that_name_a_stream_or_a_parameter_keep_its_case_on_the_page(st
     assert "orders:a has no consumer named" in claimed and "Orders:a" not in claimed
     filtered = client.get(url, {"min_idle": "abc"}).content.decode()
     assert "min_idle=&#x27;abc&#x27; is not a number" in filtered and "Min_idle" not in filtered
+
+
+# -- F4: a name not UTF-8 and another spelled as its escaped text are told apart or left alone ----------
+
+def test_two_groups_shown_as_the_same_name_are_named_and_neither_is_acted_on(staff_client, redis_server, redis):
+    raw = redis_server.client(decode_responses=False)
+    raw.xgroup_create("orders", BAD, id="$", mkstream=True)
+    raw.xgroup_create("orders", SHOWN.encode(), id="$")  # spelled with backslashes
+    ids = [raw.xadd("orders", {b"payload": b"{}"}).decode() for _ in range(4)]
+    raw.xreadgroup(BAD, b"c", {"orders": ">"})
+    raw.xreadgroup(SHOWN.encode(), b"lit", {"orders": ">"}, count=1)
+    client = staff_client("streams_app.ack_pending", "streams_app.claim_pending")
+    client.get(GROUPS)
+    group = ConsumerGroup.objects.get(name=SHOWN)
+    url = f"{GROUPS}{group.pk}/pending/"
+    for page in (client.get(url), client.get(f"{GROUPS}{group.pk}/change/")):
+        assert any(f"Two groups of orders are shown as {SHOWN}" in m for m in messages_of(page)), messages_of(page)
+        assert [c.name for c in page.context["consumers"]] == []  # neither group's, passed off as this one's
+    acked = client.post(url, {"action": "ack", "entry": ids[:1], "post": "yes"}, follow=True)
+    assert any("Nothing was done" in m for m in messages_of(acked)), messages_of(acked)
+    assert raw.xpending("orders", BAD)["pending"] == 4 and raw.xpending("orders", SHOWN.encode())["pending"] == 1
+
+
+def test_two_consumers_shown_as_the_same_name_are_neither_claimed_to_nor_filtered_on(staff_client, redis_server,
+                                                                                    redis):
+    from tests.streams_app.admin.fixtures import pending
+
+    raw = redis_server.client(decode_responses=False)
+    ids = pending(redis, "orders", "a", [{"n": n} for n in range(3)])
+    raw.xclaim("orders", "a", b"cons\xc3\x28", 0, [ids[0]])
+    raw.xclaim("orders", "a", b"cons\\xc3(", 0, [ids[1]])  # spelled with a backslash
+    client = staff_client("streams_app.claim_pending")
+    client.get(GROUPS)
+    url = f"{GROUPS}{ConsumerGroup.objects.get(name='a').pk}/pending/"
+    shown = "cons\\xc3("
+    filtered = client.get(url, {"consumer": "=" + shown})
+    assert filtered.context["entries"] == []
+    assert any(f"Two consumers of a are shown as {shown}" in m for m in messages_of(filtered)), messages_of(filtered)
+    claimed = client.post(url, {"action": "claim", "entry": [ids[2]], "consumer": "=" + shown, "post": "yes"},
+                          follow=True)
+    assert any("Nothing was done" in m for m in messages_of(claimed)), messages_of(claimed)
+    owners = {r["message_id"].decode(): r["consumer"] for r in raw.xpending_range("orders", "a", "-", "+", 10)}
+    assert owners == {ids[0]: b"cons\xc3\x28", ids[1]: b"cons\\xc3(", ids[2]: b"c1"}
