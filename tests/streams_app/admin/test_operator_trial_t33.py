@@ -143,3 +143,15 @@ def test_two_consumers_shown_as_the_same_name_are_neither_claimed_to_nor_filtere
     assert any("Nothing was done" in m for m in messages_of(claimed)), messages_of(claimed)
     owners = {r["message_id"].decode(): r["consumer"] for r in raw.xpending_range("orders", "a", "-", "+", 10)}
     assert owners == {ids[0]: b"cons\xc3\x28", ids[1]: b"cons\\xc3(", ids[2]: b"c1"}
+
+
+def test_a_replay_for_a_name_shown_alike_never_replays_the_other_groups_letters(staff_client, orders):
+    raw, letters = orders
+    raw.xgroup_create("orders", SHOWN.encode(), id="$")  # spelled with backslashes, shown as BAD is
+    client = staff_client("streams_app.replay_deadletter")
+    client.get(GROUPS)
+    pk = DeadLetter.objects.get(entry_id=letters[SHOWN]).pk  # BAD's letter
+    said = messages_of(client.post(LETTERS, {"action": "replay_selected", "_selected_action": [pk], "post": "yes"},
+                                   follow=True))
+    assert any("dead-lettered by another group" in m for m in said), said
+    assert replayed_to(raw) == [] and raw.xlen(keys.dead_letter_key("orders")) == 3
