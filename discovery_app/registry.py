@@ -221,6 +221,13 @@ def validate_service(service):
             f"service name {service!r} may not contain braces or whitespace "
             "(braces are the cluster hash tag of its keys)"
         )
+    try:
+        service.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a shell's $'\xff' reaches argv as a lone surrogate (os.fsdecode)
+        raise InvalidRegistration(
+            f"service name {service!r} is not valid Unicode: it holds a lone surrogate {service[exc.start]!r} at "
+            f"position {exc.start} (a byte that is not UTF-8), which cannot be stored; use a UTF-8 name"
+        ) from None
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")

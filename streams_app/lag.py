@@ -61,7 +61,7 @@ def group_lag(conn, stream, group, start="0", cap=ESTIMATE_CAP):
         if is_no_such_key(exc):
             return GroupLag(stream, group, 0)
         raise
-    info = next((g for g in groups if _str(_info(g, "name")) == group), None)
+    info = find_group(groups, group)
     if info is None:
         # The workers create the group when they start; from "0" it will read the whole stream.
         return GroupLag(stream, group, conn.xlen(stream) if start == "0" else 0, estimated=True)
@@ -81,7 +81,55 @@ def delivered_id(conn, stream, group):
         if is_wrongtype(exc):
             raise
         return None  # no such key
-    return next((to_text(g["last-delivered-id"]) for g in groups if to_text(g["name"]) == group), None)
+    info = find_group(groups, group)
+    return None if info is None else to_text(_info(info, "last-delivered-id"))
+
+
+def real_group(conn, stream, group):
+    """``group`` as the bytes Redis holds for it on ``stream`` (find_group), to send back to Redis;
+    ``group`` itself when the stream has no such group (the caller's own command then says so)."""
+    try:
+        groups = conn.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if is_no_such_key(exc) or is_wrongtype(exc):
+            return group
+        raise
+    info = find_group(groups, group)
+    return group if info is None else _info(info, "name")
+
+
+def find_group(groups, name):
+    """The XINFO GROUPS entry of the group called ``name``: the group whose name is those bytes (or
+    that text), else the one the pages show as ``name`` (``shown``: a name that is not UTF-8, which
+    another client may give its group, with its bad bytes as \\xNN escapes). None: no such group.
+
+    Never decodes a name strictly: one group of another client must not break every other group's lookup.
+    """
+    wanted = name_bytes(name)
+    escaped = None
+    for info in groups:
+        raw = name_bytes(_info(info, "name"))
+        if raw == wanted:
+            return info
+        if escaped is None and isinstance(name, str) and shown(raw) == name:
+            escaped = info
+    return escaped
+
+
+def name_bytes(name):
+    """A group or consumer name as the bytes Redis holds (a str as UTF-8; a lone surrogate, as
+    ``os.fsdecode`` makes of a bad byte, as that byte)."""
+    if not isinstance(name, str):
+        return name
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte makes: no name Redis holds
+        return name.encode("utf-8", "backslashreplace")
+
+
+def shown(name):
+    """A name as text for pages and logs: bytes that are not UTF-8 as \\xNN escapes."""
+    return to_text(name, errors="backslashreplace")
 
 
 def backlog(conn, stream, info, cap=ESTIMATE_CAP):

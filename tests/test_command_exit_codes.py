@@ -25,12 +25,13 @@ USAGE_ERRORS = {
                           ["svc", "--address", "a", "--port", "1", "--scheme", "ftp"],
                           ["svc", "--address", "a", "--port", "1", "--interval", "0"],
                           ["svc", "--address", "a", "--port", "1", "--ttl", "nan"],
-                          ["svc", "--address", "bad host", "--port", "8000"]]),
+                          ["svc", "--address", "bad host", "--port", "8000"],
+                          ["\udcff", "--address", "127.0.0.1", "--port", "9"]]),  # $'\xff': not UTF-8
     "publish": (ONE_SHOT, [["jobs", "{}", "--bogus"], [], ["jobs", "{}", "--maxlen", "x"]]),
     "replay": (ONE_SHOT, [["jobs", "--group", "a", "--all", "--bogus"], ["jobs", "--all"], ["jobs", "--group", "a"],
                           ["jobs", "--group", "a", "--all", "--id", "1-0"]]),
     "broadcast": (ONE_SHOT, [["ping", "--bogus"], [], ["ping", "--wait", "x"]]),
-    "discover": (ONE_SHOT, [["--bogus"], ["svc", "--drain", "a", "--undrain", "b"]]),
+    "discover": (ONE_SHOT, [["--bogus"], ["svc", "--drain", "a", "--undrain", "b"], ["\udcff"]]),
 }
 
 
@@ -45,7 +46,11 @@ def test_usage_errors_exit_with_the_documented_code_in_one_line(command, redis_s
     code, cases = USAGE_ERRORS[command]
     started = [(args, run(command, args, redis_server.url)) for args in cases]  # at once: each starts Django
     for args, proc in started:
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # e.g. a daemon retrying what it should refuse: it fails below
+            proc.kill()
+            out, err = proc.communicate()
         shown = f"manage.py {command} {' '.join(args)} exited {proc.returncode}:\n{err}"
         assert proc.returncode == code, shown
         assert "error: " in err.lower() and "Traceback" not in err, shown

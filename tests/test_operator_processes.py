@@ -236,3 +236,48 @@ def test_a_consumer_name_that_is_not_utf8_does_not_stop_the_reclaimer(redis_serv
     assert "Traceback" not in out and "\\xfed" in out, out
     assert raw.hgetall(keys.liveness_key("failing")) == {b"\xffc": b"1"}
     assert raw.xpending("failing", "g")["pending"] == 1
+
+
+def queue_replay_job(database, stream, group):
+    # As the admin's "Replay all dead letters" queues one (a group is named as the mirror shows it).
+    database.rows('INSERT INTO streams_app_replayjob (stream, "group", requested_by, state, created_at, scanned, '
+                  "total, replayed, skipped, error) VALUES (%s, %s, '', 'queued', CURRENT_TIMESTAMP, 0, 0, 0, 0, '') RETURNING id",
+                  (stream, group))
+
+
+def test_a_group_whose_name_is_not_utf8_stops_neither_the_reclaimer_nor_its_replay_jobs(redis_server, run,
+                                                                                        process_database):
+    """Another client's group named in raw bytes on the stream (issue 33 trial t33, F1): each replay job
+    runs, the raw group's own included, and the daemon exits 0 after each pass."""
+    raw = redis.Redis(port=redis_server.port)  # bytes in, bytes out
+    raw.xadd("orders", {"payload": b'{"order_id": 5000}'})
+    for group in (b"email", b"grp\xff\xfe", b"points"):
+        raw.xgroup_create("orders", group, id="0")
+    raw.xreadgroup(b"grp\xff\xfe", b"c", {"orders": ">"}, count=1)
+    dlq = keys.dead_letter_key("orders")
+    letters = {group: raw.xadd(dlq, {"payload": b"{}", "shoal:origin_id": b"1-0", "shoal:group": group,
+                                     "shoal:error": b"RuntimeError: x"})
+               for group in (b"grp\xff\xfe", b"points")}
+    queue_replay_job(process_database, "orders", "grp\\xff\\xfe")
+    queue_replay_job(process_database, "orders", "points")
+    for _ in letters:  # one job per pass
+        daemon = run("runreclaimer", "--once")
+        assert daemon.wait(120) == 0, daemon.output()
+        assert "Traceback" not in daemon.output(), daemon.output()
+    jobs = process_database.rows('SELECT "group", state, replayed, error FROM streams_app_replayjob ORDER BY id')
+    assert jobs == [("grp\\xff\\xfe", "done", 1, ""), ("points", "done", 1, "")]
+    assert raw.xlen(dlq) == 0
+    targets = [fields[b"shoal:target_group"] for _, fields in raw.xrange("orders", min="(" + "1-0")
+               if b"shoal:target_group" in fields]
+    assert sorted(targets) == [b"grp\xff\xfe", b"points"]  # to the real groups, no name spelled with a backslash
+    assert sorted(g["name"] for g in raw.xinfo_groups("orders")) == [b"email", b"grp\xff\xfe", b"points"]
+
+
+def test_a_replay_job_that_cannot_run_ends_failed_with_the_reason_and_the_daemon_goes_on(redis_server, run,
+                                                                                         process_database):
+    """docs/admin.md: a job ends *done* or *failed* with the reason; whatever it meets, never the daemon's end."""
+    queue_replay_job(process_database, "bad{name}", "a")
+    daemon = run("runreclaimer", "--once")
+    assert daemon.wait(120) == 0, daemon.output()
+    [(state, error)] = process_database.rows("SELECT state, error FROM streams_app_replayjob")
+    assert state == "failed" and "must not contain '{' or '}'" in error, error

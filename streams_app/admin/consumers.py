@@ -16,6 +16,7 @@ from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.connection import TRANSIENT_ERRORS, node_client
 from streams_app.keys import key_type, liveness_key
+from streams_app.lag import find_group
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -69,7 +70,21 @@ def real_group(conn, stream, name):
         raise
     except TRANSIENT_ERRORS:
         return name  # the caller's own command meets the outage and its page says so
-    return next((g["name"] for g in groups if _text(g["name"]) == name), name)
+    same = [g["name"] for g in groups if _text(g["name"]) == name]
+    if len(same) > 1:
+        raise AmbiguousName(f"Two groups of {stream} are shown as {name}: one named in bytes that are not UTF-8, "
+                            "the other spelled with backslashes.")
+    info = find_group(groups, name)
+    return name if info is None else info["name"]
+
+
+class AmbiguousName(Exception):
+    """Two names in Redis are shown as the same text (``\\xff`` is both how the byte 0xFF is shown and
+    a name spelled with a backslash): the page cannot say which one is meant, so nothing is done."""
+
+    def __str__(self):
+        return (f"{self.args[0]} The admin cannot tell them apart, so it lists and does nothing to either; "
+                "use redis-cli with the exact bytes (XPENDING, XCLAIM, XACK).")
 
 
 def wrong_type_problem(conn, key, wanted, consequence):

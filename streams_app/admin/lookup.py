@@ -26,8 +26,9 @@ from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
-from streams_app.deadletters.store import REPLAY_OF, TARGET_GROUP, parse_dead_letter
+from streams_app.deadletters.store import REPLAY_OF, TARGET_GROUP, failed_by, parse_dead_letter
 from streams_app.entry_ids import id_key, is_entry_id
+from streams_app.lag import name_bytes, shown
 
 SCAN_LIMIT = 10_000
 SCAN_BATCH = 1000
@@ -72,6 +73,10 @@ def _scan_forward(conn, key, start, wanted, limit=SCAN_LIMIT):
     return found, True
 
 
+def _raw_field(fields, name):
+    return fields.get(name, fields.get(name.encode()) if isinstance(name, str) else None)
+
+
 def _field(fields, name):
     value = fields.get(name, fields.get(name.encode()) if isinstance(name, str) else None)
     return _text(value) if value is not None else None
@@ -103,7 +108,7 @@ def locate(conn, stream, entry_id):
         if id_key(entry_id) > id_key(last):
             found.absence = f"not in the stream: past its last entry id {last}"
             # No group can have read, failed or replayed it: "not yet delivered" would say it waits.
-            found.places = [Place(_text(info["name"]), "not published",
+            found.places = [Place(shown(info["name"]), "not published",
                                   f"beyond the stream's last entry {last}: no such entry (not published yet)")
                             for info in groups]
             return found, False
@@ -119,10 +124,9 @@ def locate(conn, stream, entry_id):
         found.problem = (f"{_not_a_stream(conn, keys.dead_letter_key(stream))}: its dead letters cannot be looked "
                          "for.")
     replays, replays_cut = _scan_forward(conn, stream, since, lambda f: _field(f, REPLAY_OF) == entry_id)
-    target = fields.get(TARGET_GROUP) if fields else None
+    target = _raw_field(entry[0][1], TARGET_GROUP) if entry else None
     for info in groups:
-        group = _text(info["name"])
-        found.places.append(_place(conn, stream, group, entry_id, target, _text(info["last-delivered-id"]),
+        found.places.append(_place(conn, stream, info["name"], entry_id, target, _text(info["last-delivered-id"]),
                                    letters, replays))
     return found, letters_cut or replays_cut
 
@@ -131,10 +135,13 @@ def _not_a_stream(conn, key):
     return f"Redis key {key!r} holds a {_text(conn.type(key))}, not a stream"
 
 
-def _place(conn, stream, group, entry_id, target, last_delivered, letters, replays):
-    if target is not None and target != group:
-        return Place(group, "not for this group", f"a replay for group {target}: acknowledged unseen")
-    rows = conn.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+def _place(conn, stream, name, entry_id, target, last_delivered, letters, replays):
+    """Where the entry is for the group ``name`` (as Redis holds it: sent back as those bytes, compared
+    as bytes, shown escaped: another client's group may be named in bytes that are not UTF-8)."""
+    group, raw = shown(name), name_bytes(name)
+    if target is not None and name_bytes(target) != raw:
+        return Place(group, "not for this group", f"a replay for group {shown(target)}: acknowledged unseen")
+    rows = conn.xpending_range(stream, name, min=entry_id, max=entry_id, count=1)
     if rows:
         row = rows[0]
         error_key = keys.error_key(stream, group, entry_id)
@@ -152,15 +159,15 @@ def _place(conn, stream, group, entry_id, target, last_delivered, letters, repla
         url = reverse("admin:streams_app_consumergroup_pending", args=[mirrored.pk]) if mirrored else ""
         return Place(group, "pending", detail, url)
     for letter_id, fields in letters:
-        letter = parse_dead_letter(letter_id, fields)
-        if letter.group == group:
+        if name_bytes(failed_by(fields)) == raw:
+            letter = parse_dead_letter(letter_id, fields)
             from streams_app.models import DeadLetter
 
             row = DeadLetter.objects.filter(stream=stream, entry_id=letter_id).first()
             url = reverse("admin:streams_app_deadletter_change", args=[row.pk]) if row else ""
             return Place(group, "dead-lettered", f"dead letter {letter_id}: {letter.error[:200]}", url)
     for new_id, fields in replays:
-        if _field(fields, TARGET_GROUP) == group:
+        if name_bytes(_raw_field(fields, TARGET_GROUP)) == raw:
             return Place(group, "replayed", f"as entry {new_id}")
     if id_key(entry_id) <= id_key(last_delivered):
         return Place(group, "handled", "delivered and acknowledged (no longer pending)")

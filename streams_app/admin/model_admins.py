@@ -27,7 +27,7 @@ from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, pretty_json, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
-from streams_app.admin.consumers import group_consumers, real_group
+from streams_app.admin.consumers import AmbiguousName, group_consumers, real_group
 from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
@@ -209,7 +209,12 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         hours = hours if hours in CHART_HOURS else 6
         problems = []
         conn = page_connection(request)
-        consumers = group_consumers(conn, group.stream.name, real_group(conn, group.stream.name, group.name), problems)
+        try:
+            consumers = group_consumers(conn, group.stream.name, real_group(conn, group.stream.name, group.name),
+                                        problems)
+        except AmbiguousName as exc:
+            consumers = []
+            problems.append(str(exc))
         for problem in problems:
             self.message_user(request, problem, messages.WARNING)
         context = {
@@ -390,7 +395,7 @@ class DeadLetterAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
             try:
                 result = replay(stream, group, ids=list(by_entry), conn=conn)
             except ReplayError as exc:
-                self.message_user(request, f"{stream}:{group}: {exc}", messages.ERROR)
+                self.message_user(request, f"Not replayed to {stream}:{group}: {exc}", messages.ERROR)
                 continue
             except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
                 # Each batch is one script: the ones before were replayed, this one and the rest were not.

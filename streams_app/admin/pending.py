@@ -27,7 +27,7 @@ from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import (ALIVE, DEAD, deadlines, group_consumers, real_group, shown_name,
+from streams_app.admin.consumers import (ALIVE, DEAD, AmbiguousName, deadlines, group_consumers, real_group, shown_name,
                                          wrong_type_problem)
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
@@ -37,6 +37,7 @@ from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimab
 from streams_app.deadletters import store as deadletters
 from streams_app.models import MirrorState
 from streams_app.registry import registered
+from streams_app.lag import find_group
 
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120
@@ -79,9 +80,12 @@ def real_consumer(conn, stream, group, name):
     """The consumer of the group that the page shows as ``name`` (consumers.shown_name), as the bytes
     Redis holds; else a live reader of the stream not in the group yet, by its liveness record (the
     claim list offers those too); ``name`` itself when neither is."""
-    for consumer in conn.xinfo_consumers(stream, group):
-        if shown_name(consumer["name"]) == name:
-            return consumer["name"]
+    same = [c["name"] for c in conn.xinfo_consumers(stream, group) if shown_name(c["name"]) == name]
+    if len(same) > 1:
+        raise AmbiguousName(f"Two consumers of {_text(group)} are shown as {name}: one named in bytes that are "
+                            "not UTF-8, the other spelled with backslashes.")
+    if same:
+        return same[0]
     readers = {}
     deadlines(conn, stream, raw_names=readers)
     return readers.get(name, name)
@@ -136,7 +140,7 @@ def parse_filters(params):
             if not 0 <= value < 10**12:
                 raise ValueError
         except ValueError:
-            problems.append(f"{name}={raw!r} is not a number of {'seconds' if kind is float else 'deliveries'} "
+            problems.append(f"The filter {name}={raw!r} is not a number of {'seconds' if kind is float else 'deliveries'} "
                             "(0 or more); it was ignored")
             continue
         values[name] = value
@@ -250,9 +254,10 @@ def pending_entries(model_admin, request, object_id):
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     stream = group.stream.name
-    copied, name = None, group.name
+    copied, name, resolved = None, group.name, False
     try:
         name = real_group(conn, stream, group.name)  # the bytes Redis holds for a name shown escaped
+        resolved = True
         summary = conn.xpending(stream, name)
         page, next_after = read_pending_page(conn, stream, name, after, filters=filters)
     except redis.ResponseError as exc:
@@ -260,6 +265,9 @@ def pending_entries(model_admin, request, object_id):
             raise
         summary, page, next_after = {"pending": 0}, [], None
         model_admin.message_user(request, f"Group {group} no longer exists in Redis.", messages.WARNING)
+    except AmbiguousName as exc:
+        summary, page, next_after = {"pending": group.pending}, [], None
+        model_admin.message_user(request, str(exc), messages.ERROR)
     except TRANSIENT_ERRORS as exc:
         # Asked once (ADMIN_REDIS_TIMEOUT): the page shows the mirror's count and its age instead.
         summary, page, next_after = {"pending": group.pending}, [], None
@@ -268,7 +276,8 @@ def pending_entries(model_admin, request, object_id):
                                           "be listed or acted on now. The count is the mirror's last copy.",
                                  messages.ERROR)
     problems = []
-    consumers = group_consumers(conn, stream, name, problems)
+    # Two groups shown as this one's name: listing either's consumers would pass them off as this group's.
+    consumers = group_consumers(conn, stream, name, problems) if resolved else []
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     liveness = {c.name: c.liveness for c in consumers}
@@ -319,6 +328,14 @@ def matching(conn, stream, group, filters, batch=BULK_BATCH):
 
 
 def _pending_action(model_admin, request, group, allowed):
+    try:
+        return _checked_action(model_admin, request, group, allowed)
+    except AmbiguousName as exc:  # raised before anything is written
+        model_admin.message_user(request, f"{exc} Nothing was done.", messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
+
+
+def _checked_action(model_admin, request, group, allowed):
     action = request.POST.get("action", "")
     if action not in PENDING_ACTIONS:
         raise Http404("no such action")
@@ -427,13 +444,13 @@ def _claim_refusal(conn, stream, group, name, target):
     if not consumers and not _group_exists(conn, stream, name):
         return f"Group {group} no longer exists in Redis."
     if target not in consumers:
-        return f"{group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
+        return f"Group {group} has no consumer named {owner_label(target)!r}: choose one that exists ({offered})."
     return f"Consumer {owner_label(target)!r} is dead (its liveness lapsed): choose one that is not ({offered})."
 
 
 def _group_exists(conn, stream, group):
     try:
-        return any(g["name"] == group or _text(g["name"]) == group for g in conn.xinfo_groups(stream))
+        return find_group(conn.xinfo_groups(stream), group) is not None
     except redis.ResponseError as exc:
         if is_missing(exc):
             return False

@@ -171,7 +171,10 @@ class TasksPage:
             return HttpResponseRedirect(detail)  # a GET changes nothing: the result's page has the button
         record = self._record(request, result_id)
         if record is None:
-            return HttpResponseRedirect(detail)
+            # Redis did not answer (said once): the result's page as it stands, not a redirect to it that
+            # would ask again and say it twice. Nothing changed, so a POST may answer with a page.
+            return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html",
+                                    self._context(request, f"Task result {result_id}", result_id=result_id, record=None))
         if record["status"] != "FAILED":
             model_admin.message_user(request, f"Task result {result_id} is {record['status']}, not FAILED: only a "
                                               "failed task is retried. Nothing was enqueued.", messages.WARNING)

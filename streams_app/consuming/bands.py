@@ -13,6 +13,7 @@ the bands run side by side whenever the higher ones have nothing left unread.
 import redis
 
 from shoal_common.text import to_text
+from streams_app.lag import find_group
 
 # How long a yielding band waits before it asks again (seconds).
 YIELD_SECONDS = 0.05
@@ -30,9 +31,9 @@ def waiting(conn, streams, group):
             continue  # no such stream yet: nothing waits there
         if isinstance(reply, Exception):
             raise reply
-        for info in reply:
-            if to_text(info.get("name")) != group:
-                continue
+        # Matched without decoding: another client's group may be named in bytes that are not UTF-8.
+        info = find_group(reply, group)
+        if info is not None:
             lag = info.get("lag")
             if lag is None:  # Redis cannot tell (entries deleted): compare the ids instead
                 lag = _behind(conn, stream, to_text(info.get("last-delivered-id")))

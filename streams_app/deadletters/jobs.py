@@ -13,6 +13,7 @@ import logging
 from datetime import timedelta
 
 import redis
+from django.db import DatabaseError
 from django.utils import timezone
 
 from streams_app import keys
@@ -83,6 +84,16 @@ def run_next(conn, now=None):
     except TRANSIENT_ERRORS as exc:
         ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.QUEUED, error=f"interrupted ({exc}); goes on")
         raise
+    except DatabaseError:
+        raise  # the row itself cannot be written: the daemon says so, and a later pass takes the job over
+    except Exception as exc:
+        # Whatever one job meets (bad data, a bug) ends that job, never the daemon that also dead-letters,
+        # trims and audits: restarted, it would run into the same job again.
+        logger.exception("Reclaimer: replay job %s (%s:%s) failed", job.pk, job.stream, job.group)
+        ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.FAILED, error=f"{type(exc).__name__}: {exc}",
+                                                   finished_at=timezone.now())
+        _forget(conn, counter)
+        return job
     ReplayJob.objects.filter(pk=job.pk).update(
         state=ReplayJob.DONE, finished_at=timezone.now(), error="",
         # Skipped letters are still in the dead-letter stream and were looked at again: this run's are all.

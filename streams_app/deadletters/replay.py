@@ -13,14 +13,14 @@ import redis
 
 from streams_app import keys, partitions, scripts
 from streams_app.connection import get_connection
-from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, get_dead_letters
+from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, failed_by
 from streams_app.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.entry_ids import is_entry_id
 from streams_app.keys import key_type
-from streams_app.lag import group_exists
+from streams_app.lag import find_group, name_bytes, shown
 from streams_app.names import validate_stream_name
 from streams_app.producer import encode_payload
 
@@ -95,7 +95,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
     if partitions.is_partitioned(stream):
         return _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run, progress, batch_done)
     try:
-        if not group_exists(conn, keys.stream_key(stream), group):
+        if _group_name(conn, stream, group) is None:
             conn.xlen(keys.dead_letter_key(stream))  # a dead-letter key of another type says so first
             raise ReplayError(_no_group_message(conn, stream, group))
         return _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter, batch_done)
@@ -111,7 +111,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
 
 def _no_group_message(conn, stream, group):
     try:
-        names = sorted(_text(g["name"]) for g in conn.xinfo_groups(keys.stream_key(stream)))
+        names = sorted(shown(g["name"]) for g in conn.xinfo_groups(keys.stream_key(stream)))
     except redis.ResponseError:
         names = []
     known = f"groups on {stream}: {', '.join(names)}" if names else f"{stream} has no groups"
@@ -138,19 +138,37 @@ def _replay_partitions(conn, stream, group, ids, all, payload_override, dry_run,
     return merged
 
 
+def _group_name(conn, stream, group):
+    """``group`` as the bytes Redis holds for it on ``stream`` (the admin names a group that is not UTF-8
+    as it shows it, escaped); None when the stream has no such group or is gone."""
+    try:
+        info = find_group(conn.xinfo_groups(keys.stream_key(stream)), group)
+    except redis.ResponseError as exc:
+        if is_wrongtype(exc):
+            raise
+        return None  # no such key
+    return None if info is None else info["name"]
+
+
 def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, counter=None, batch_done=None):
     override = _override_text(payload_override)
     result = ReplayResult(dry_run=dry_run)
+    # The real group, its bytes compared with each letter's and sent to the script: a name that is not
+    # UTF-8 (another client's group) is never decoded, nor re-spelled with backslashes.
+    group = name_bytes(_group_name(conn, stream, group) or group)
     if ids:
         ids = list(dict.fromkeys(ids))
-        found = {d.id: d for d in get_dead_letters(stream, ids, conn=conn)}
+        pipe = conn.pipeline(transaction=False)
         for entry_id in ids:
-            letter = found.get(entry_id)
-            if letter is None:
+            pipe.xrange(keys.dead_letter_key(stream), min=entry_id, max=entry_id)
+        found = {_text(page[0][0]): page[0][1] for page in pipe.execute() if page}
+        for entry_id in ids:
+            raw = found.get(entry_id)
+            if raw is None:
                 result.skipped[entry_id] = "missing"
-            elif letter.group != group:
+            elif name_bytes(failed_by(raw)) != group:
                 result.skipped[entry_id] = "other-group"
-            elif _too_wide(letter):
+            elif _too_wide(DeadLetter(entry_id, decode_fields(raw))):
                 result.skipped[entry_id] = "too-wide"  # what the script would answer: a dry run says it too
         chosen = [i for i in ids if i not in result.skipped]
         _replay_batch(conn, stream, group, chosen, override, dry_run, result, counter, batch_done)
@@ -170,7 +188,7 @@ def _replay(conn, stream, group, ids, all, payload_override, dry_run, progress, 
             break
         scanned += len(page)
         cursor = "(" + _text(page[-1][0])
-        mine = [letter for letter in (DeadLetter(_text(i), decode_fields(f)) for i, f in page) if letter.group == group]
+        mine = [DeadLetter(_text(i), decode_fields(f)) for i, f in page if name_bytes(failed_by(f)) == group]
         result.skipped.update((letter.id, "too-wide") for letter in mine if _too_wide(letter))
         _replay_batch(conn, stream, group, [letter.id for letter in mine if not _too_wide(letter)], override, dry_run,
                       result, counter, batch_done)

@@ -180,6 +180,18 @@ def unpack_fields(packed):
     return dict(zip(values[::2], values[1::2]))
 
 
+def failed_by(fields):
+    """The group that failed a dead letter, as the bytes Redis holds (``fields`` as Redis returned them):
+    compared as bytes, a group name that is not UTF-8 is neither decoded nor mistaken for another."""
+    def field(name):
+        value = fields.get(name.encode())
+        return fields.get(name) if value is None else value
+
+    if field(PREFIX + "origin_id") is None and field("origin_id") is not None:
+        return field("group")  # written before Shoal namespaced its fields
+    return field(PREFIX + "group")
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     id: str

@@ -187,6 +187,8 @@ def test_with_redis_down_the_pages_say_so_instead_of_a_500(staff_client, jobs, r
     assert detail.status_code == 200 and "Redis is unreachable" in detail.content.decode()
     retry = client.post(f"{TASKS}{bad.id}/retry/", {"action": "retry", "post": "yes"}, follow=True)
     assert retry.status_code == 200 and "Redis is unreachable" in retry.content.decode()
+    said = [str(m) for m in retry.context["messages"]]
+    assert sum("Redis is unreachable" in m for m in said) == 1, said  # said once, not by the retry and its page
     assert results.valid_id(bad.id)
 
 

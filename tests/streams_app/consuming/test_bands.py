@@ -59,3 +59,12 @@ def test_a_band_whose_lag_redis_cannot_tell_compares_the_ids(redis):
     assert waiting(redis, ["banded:high"], "w")
     redis.xreadgroup("w", "c", {"banded:high": ">"})
     assert not waiting(redis, ["banded:high"], "w")
+
+
+def test_another_clients_group_named_in_bytes_not_utf8_does_not_break_the_bands_check(redis_server):
+    raw = redis_server.client(decode_responses=False)
+    raw.xgroup_create("banded:high", b"grp\xff\xfe", id="$", mkstream=True)
+    raw.xgroup_create("banded:high", b"w", id="$")
+    assert not waiting(raw, ["banded:high"], "w")
+    raw.xadd("banded:high", {b"payload": b"{}"})
+    assert waiting(raw, ["banded:high"], "w")
