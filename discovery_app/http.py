@@ -140,8 +140,18 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
     # stopping instance refuses connections at once), unless retry=False says never.
     attempts = 2 if resend or retry is None else 1
     tried = set()
+    failed = None  # why the last attempt is sent again, said once the next instance is known
     for attempt in range(1, attempts + 1):
-        instance = client.resolve(service, exclude=tried, tags=tags, version=version)
+        try:
+            instance = client.resolve(service, exclude=tried, tags=tags, version=version)
+        except Exception:
+            if failed is not None:
+                logger.info("Discovery: %s %s on %s; no instance to retry on", method, path, failed)
+            raise
+        if failed is not None:
+            # resolve() gives an excluded instance back when it is the only one: say so, not "another".
+            where = "on the same instance, the only one" if key_of(instance) in tried else "on another instance"
+            logger.info("Discovery: %s %s on %s; retrying %s (%s)", method, path, failed, where, instance.url)
         tried.add(key_of(instance))
         last = attempt == attempts
         call = client.begin(instance)
@@ -156,8 +166,7 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
                     isinstance(exc, requests.ReadTimeout) and not client.retry_read_timeouts) or (
                     not resend and not _never_sent(exc)):
                 raise
-            logger.info("Discovery: %s %s on %s failed (%s); retrying on another instance",
-                        method, path, instance.url, exc)
+            failed = f"{instance.url} failed ({exc})"
             continue
         except BaseException as exc:
             call.finish(False if is_instance_failure(exc) else None)
@@ -165,8 +174,7 @@ def request(client, service, method, path, *, retry=None, deadline=None, tags=No
         if response.status_code >= 500 or response.status_code == 429:
             call.fail()
             if not last and resend:
-                logger.info("Discovery: %s %s on %s answered %s; retrying on another instance",
-                            method, path, instance.url, response.status_code)
+                failed = f"{instance.url} answered {response.status_code}"
                 response.close()
                 call.finish(False)
                 continue

@@ -13,7 +13,9 @@ On SIGTERM (and SIGINT) the instance is deregistered at once, before the applica
 callers stop picking an instance that is about to stop. The handler only records the signal and
 wakes the thread, then chains to the handler that was there before (the application's, gunicorn's,
 Django's); when there was none, the thread deregisters and then lets the default action kill the
-process, as if nothing had been installed. A signal the application ignores is left alone.
+process, as if nothing had been installed. A signal the application ignores is left alone. A health
+check in flight does not hold it up: the check runs in a thread of its own, abandoned when a signal
+or ``stop()`` comes first.
 """
 import atexit
 import logging
@@ -75,6 +77,8 @@ class Registrar:
         self._signalled = None  # the signal number, set by the handler
         self._previous_handlers = {}
         self._deregistered = False
+        self._prober = None  # the health check's thread, when one runs
+
     @property
     def instance_id(self):
         return self.instance.instance_id
@@ -115,7 +119,10 @@ class Registrar:
         thread.join(timeout)
         if not self._deregistered:
             self._deregister()
-        if not thread.is_alive():  # a thread stuck on a hung Redis still selects on the pipe
+        prober = self._prober
+        if not thread.is_alive() and (prober is None or not prober.is_alive()):
+            # A thread stuck on a hung Redis still selects on the pipe, and a probe left to finish alone
+            # writes to it: closed, its number could be another file's by then.
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
             self._wake_r = self._wake_w = None
@@ -169,6 +176,8 @@ class Registrar:
             pass
 
     def _sleep(self, seconds):
+        if self._signalled is not None or self._stop.is_set():
+            return  # its wake-up may have been read already (by _probe_unless_stopping); the flag is set before
         readable, _, _ = select.select([self._wake_r], [], [], seconds)
         if readable:
             os.read(self._wake_r, 64)
@@ -271,7 +280,9 @@ class Registrar:
             return
 
     def _check_health(self, registry):
-        passing = self._probe()
+        passing = self._probe_unless_stopping()
+        if passing is None:
+            return  # a signal or stop() came first: deregistration does not wait for the probe
         self._failures = 0 if passing else self._failures + 1
         if not passing and not self.failing and self._failures >= self.health_failures:
             registry.set_health(self.instance.service, self.instance_id, failing=True)
@@ -282,6 +293,30 @@ class Registrar:
             registry.set_health(self.instance.service, self.instance_id, failing=False)
             self.failing = False
             logger.info("Discovery: %s passes its health check again", self.instance_id)
+
+    def _probe_unless_stopping(self):
+        """The health check's outcome, or None if a signal or stop() comes first.
+
+        The check runs in a thread of its own, which is left to finish alone then: a probe of an HTTP
+        endpoint waits behind the very requests that make an instance busy, up to its timeout, and
+        deregistration on TERM must not wait behind it (callers would keep picking an instance that
+        already refuses connections)."""
+        outcome = []
+
+        def check():
+            outcome.append(self._probe())
+            self._wake()
+
+        self._prober = prober = threading.Thread(target=check, name=f"discovery-health-{self.instance.service}",
+                                                 daemon=True)
+        prober.start()
+        while not outcome:
+            if self._signalled is not None or self._stop.is_set():
+                return None
+            self._sleep(None)  # woken by the probe, a signal or stop()
+        prober.join()  # its wake-up is written: read it now, or the next heartbeat would come early
+        self._sleep(0)
+        return outcome[0]
 
     def _probe(self):
         try:

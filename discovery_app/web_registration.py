@@ -12,7 +12,8 @@ master rather than code in the master because registering needs Django and the a
 whatever the master imports is inherited, unreloaded, by every worker forked after a HUP: the master
 imports no app code, so that ``kill -HUP`` loads new code.
 
-The service name is ``settings.WEB_SERVICE_NAME`` (default ``shoal-web``); the registrar (discovery_app.registrar)
+The service name is ``settings.WEB_SERVICE_NAME`` (default ``shoal-web``), a Django setting, read once: a HUP
+does not restart this process, and a restart loads whatever code and settings are on disk then; the registrar (discovery_app.registrar)
 heartbeats and re-registers after Redis outages by itself.
 """
 import json

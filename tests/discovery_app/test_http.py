@@ -88,6 +88,27 @@ def test_connection_error_on_the_only_instance_is_raised(registry, closed_port, 
     assert client.inflight(client.registry.instances("web")[0]) == 0
 
 
+def test_the_retry_log_says_where_the_call_goes_again(registry, http_service, closed_port, caplog):
+    # Trial t34, finding 4: a call whose only instance (here a FALLBACKS URL) refused logged "retrying on
+    # another instance" when there was none; the second attempt went to the same URL.
+    client = DiscoveryClient(strategy="round-robin", listen=False, fallbacks={"fb": [f"http://127.0.0.1:{closed_port}/base"]})
+    try:
+        with caplog.at_level("INFO", logger="discovery_app"), pytest.raises(requests.ConnectionError):
+            client.request("fb", "GET", "/x/y", timeout=2)
+        assert "another instance" not in caplog.text
+        assert f"retrying on the same instance, the only one (http://127.0.0.1:{closed_port}/base)" in caplog.text
+        caplog.clear()
+        good = http_service("good")
+        registry.register("web", "127.0.0.1", closed_port)
+        registry.register("web", "127.0.0.1", good.port)
+        with caplog.at_level("INFO", logger="discovery_app"):
+            for _ in range(2):  # round-robin: one of them goes to the closed port first
+                assert client.request("web", "GET", "/", timeout=2).status_code == 200
+        assert f"retrying on another instance (http://127.0.0.1:{good.port})" in caplog.text
+    finally:
+        client.close()
+
+
 def test_dead_instance_on_a_closed_port_is_ejected_then_retried_after_cooldown(registry, http_service, closed_port, clock):
     live = http_service("live")
     dead = registry.register("web", "127.0.0.1", closed_port)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import time
 
 import pytest
 
@@ -121,3 +122,44 @@ def test_bound_to_every_interface_it_advertises_a_routable_address(gunicorn, red
     assert not ipaddress.ip_address(instance.address).is_loopback
     assert (instance.address, instance.port) == (expected, port)
     assert "advertised as the interface of the default route" in server.output()
+
+
+def established_to(port):
+    """Server-side connections to ``port`` that are open (ESTABLISHED in /proc/net/tcp), accepted or not."""
+    with open("/proc/net/tcp") as table:
+        return sum(1 for line in list(table)[1:]
+                   if line.split()[3] == "01" and int(line.split()[1].split(":")[1], 16) == port)
+
+
+# Deregistration on TERM takes milliseconds when nothing is in its way; a probe of /readyz stuck behind busy
+# workers held it until the probe's timeout (PROBE_TIMEOUT, 3 s after the probe began; the TERM below comes
+# within a poll of the probe's start). Far enough from both that neither a loaded machine nor the old code
+# lands on the wrong side.
+DEREGISTERED_WITHIN = 1.5
+
+
+def test_sigterm_deregisters_at_once_while_a_readyz_probe_waits_behind_a_busy_worker(gunicorn, redis, settings):
+    # Trial t34, finding 1: one worker with one thread, busy; the registration process's /readyz probe waits
+    # in that worker's queue. TERM then deregistered only when the probe gave up, while the master already
+    # refused connections and clients still resolved the instance.
+    server = gunicorn(workers=1, env={"WEB_SERVICE_NAME": "shoal-web-test", "GUNICORN_THREADS": "1"},
+                      args=["--graceful-timeout", "60"])
+    registry = ServiceRegistry()
+    wait_for(lambda: registry.instances("shoal-web-test"), timeout=30, what="the web instance registered")
+    # The worker's only thread reads a request whose client never finishes it.
+    busy = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    busy.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    try:
+        wait_for(lambda: established_to(server.port) == 1, timeout=30, what="the busy connection alone")
+        # The next heartbeat's probe (HEARTBEAT_INTERVAL, 10 s) connects and waits behind it.
+        wait_for(lambda: established_to(server.port) >= 2, timeout=30, interval=0.005, what="a /readyz probe waiting")
+        signalled_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: registry.instances("shoal-web-test") == [], timeout=30, interval=0.005,
+                 what="the web instance deregistered")
+        took = time.monotonic() - signalled_at
+        assert took < DEREGISTERED_WITHIN, f"deregistered {took:.2f} s after TERM, behind the probe"
+    finally:
+        busy.close()
+    assert server.proc.wait(60) == 0
+    assert "Fatal Python error" not in server.output(), server.output()[-2000:]
