@@ -32,7 +32,7 @@ def test_an_entry_that_kills_its_worker_is_the_only_one_dead_lettered(redis, run
     assert [f["shoal:origin_id"] for f in letters] == [ids[0]], [(f["shoal:origin_id"], f["shoal:deliveries"]) for f in letters]
     assert letters[0]["shoal:deliveries"] == "3"
     started = Counter(listed(redis, "started", "exits", "g"))
-    assert started[ids[0]] == 3  # three runs, three deaths: never a fourth
+    assert started[ids[0]] == 3, supervisor.output() + reclaimer.output()  # three runs, three deaths: never a fourth
     assert sorted(set(listed(redis, "handled", "exits", "g"))) == sorted(ids[1:])
     for proc in (supervisor, reclaimer):
         proc.signal(signal.SIGTERM)

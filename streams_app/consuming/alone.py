@@ -1,0 +1,131 @@
+"""Suspects run alone in their process (the run ledger, runs.py; issue 32).
+
+A suspect is an entry taken over from a consumer that was running it when it died. If it is what
+kills workers, its next death must be charged to it and to nothing else: so it starts only once no
+other chunk of the process (any group, thread or coroutine) runs, and once what those chunks
+acked has been sent (the read loops' XACK), else entries that succeeded beside it would run again
+after its death; and no other chunk starts until it ends. Suspects take turns.
+
+Every chunk passes the gate (``enter``/``leave``, a lock round per chunk); a suspect waits
+``ALONE_WAIT_SECONDS`` at most for the others (a hung handler must not stop the process for good),
+then runs all the same.
+"""
+import asyncio
+import contextvars
+import threading
+
+from streams_app.consuming.eventloop import FinishInThread
+
+# Longest a suspect waits for the other chunks to end and their acks to be sent.
+ALONE_WAIT_SECONDS = 10.0
+
+_holding = contextvars.ContextVar("shoal_alone", default=False)  # this thread or task runs a suspect
+
+
+class Gate:
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._running = 0  # chunks running, suspects aside
+        self._wanted = 0  # suspects waiting for their turn (no new chunk starts meanwhile)
+        self._alone = False
+        self._unacked = 0  # chunks that returned acks the read loops have not sent yet
+        self._suspects = threading.Lock()  # one suspect at a time, even past the wait
+
+    def enter(self):
+        if _holding.get():
+            return
+        with self._cond:
+            while self._alone or self._wanted:
+                self._cond.wait()
+            self._running += 1
+
+    def try_enter(self):
+        """``enter`` without waiting (the event loop must not block); False when it would wait."""
+        if _holding.get():
+            return True
+        with self._cond:
+            if self._alone or self._wanted:
+                return False
+            self._running += 1
+            return True
+
+    def leave(self, acked):
+        """A chunk ended; ``acked``: it returned acks that a read loop sends later (``sent``)."""
+        if _holding.get():
+            return
+        with self._cond:
+            self._running -= 1
+            self._unacked += bool(acked)
+            self._cond.notify_all()
+
+    def sent(self, chunks):
+        """A read loop sent the acks of ``chunks`` chunks."""
+        if not chunks:
+            return
+        with self._cond:
+            self._unacked = max(0, self._unacked - chunks)
+            self._cond.notify_all()
+
+    def wait_alone(self):
+        """Blocks until this suspect runs alone (or ALONE_WAIT_SECONDS passed); pair with ``release``."""
+        self._suspects.acquire()
+        with self._cond:
+            self._wanted += 1
+            try:
+                self._cond.wait_for(lambda: not self._running and not self._unacked, ALONE_WAIT_SECONDS)
+            finally:
+                self._wanted -= 1
+            self._alone = True
+
+    def release(self, acked):
+        with self._cond:
+            self._alone = False
+            self._unacked += bool(acked)
+            self._cond.notify_all()
+        self._suspects.release()
+
+    def run_alone(self, run, *args):
+        """``run(*args)`` (a chunk of one suspect) alone; returns its ChunkResult."""
+        self.wait_alone()
+        token = _holding.set(True)
+        result = None
+        try:
+            result = run(*args)
+            return result
+        finally:
+            _holding.reset(token)
+            self.release(result is not None and bool(getattr(result, "acked", None)))
+
+    async def run_alone_async(self, run, *args):
+        await asyncio.to_thread(self.wait_alone)
+        token = _holding.set(True)
+        try:
+            result = await run(*args)
+        except BaseException:
+            self.release(False)
+            raise
+        finally:
+            _holding.reset(token)
+        return left_after(result, self.release, True)
+
+
+def left_after(result, leave, counted):
+    """``result`` of an async chunk; ``leave(acked)`` is called once it is final: now, or after the
+    FinishInThread step that takes it off the running record (eventloop.FinishInThread)."""
+    if not isinstance(result, FinishInThread):
+        leave(counted and bool(result.acked))
+        return result
+    fn = result.fn
+
+    def finish():
+        final = None
+        try:
+            final = fn()
+            return final
+        finally:
+            leave(counted and final is not None and bool(final.acked))
+
+    return FinishInThread(finish)
+
+
+gate = Gate()
