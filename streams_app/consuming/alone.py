@@ -13,11 +13,15 @@ then runs all the same.
 import asyncio
 import contextvars
 import threading
+import time
 
 from streams_app.consuming.eventloop import FinishInThread
 
 # Longest a suspect waits for the other chunks to end and their acks to be sent.
 ALONE_WAIT_SECONDS = 10.0
+# How often a coroutine waiting at the gate looks again: waiting in a thread would hold one of the
+# threads the running chunks' own blocking steps need (asyncio.to_thread).
+POLL_SECONDS = 0.005
 
 _holding = contextvars.ContextVar("shoal_alone", default=False)  # this thread or task runs a suspect
 
@@ -29,30 +33,30 @@ class Gate:
         self._wanted = 0  # suspects waiting for their turn (no new chunk starts meanwhile)
         self._alone = False
         self._unacked = 0  # chunks that returned acks the read loops have not sent yet
-        self._suspects = threading.Lock()  # one suspect at a time, even past the wait
 
     def enter(self):
+        """A chunk starts (waits while a suspect runs or waits). False inside a suspect's own run, which
+        passed already: then no ``leave``."""
         if _holding.get():
-            return
+            return False
         with self._cond:
             while self._alone or self._wanted:
                 self._cond.wait()
             self._running += 1
+        return True
 
     def try_enter(self):
-        """``enter`` without waiting (the event loop must not block); False when it would wait."""
+        """``enter`` without waiting (the event loop must not block): None when it would wait."""
         if _holding.get():
-            return True
+            return False
         with self._cond:
             if self._alone or self._wanted:
-                return False
+                return None
             self._running += 1
             return True
 
     def leave(self, acked):
-        """A chunk ended; ``acked``: it returned acks that a read loop sends later (``sent``)."""
-        if _holding.get():
-            return
+        """A chunk that ``enter`` counted ended; ``acked``: it returned acks that a read loop sends later (``sent``)."""
         with self._cond:
             self._running -= 1
             self._unacked += bool(acked)
@@ -66,23 +70,51 @@ class Gate:
             self._unacked = max(0, self._unacked - chunks)
             self._cond.notify_all()
 
+    def _take(self, late):
+        """Under the lock: the waiting suspect's turn starts, if no other suspect runs and (unless
+        ``late``: it waited ALONE_WAIT_SECONDS) no other chunk runs and no ack of one waits."""
+        if self._alone or ((self._running or self._unacked) and not late):
+            return False
+        self._alone = True
+        self._wanted -= 1
+        return True
+
     def wait_alone(self):
-        """Blocks until this suspect runs alone (or ALONE_WAIT_SECONDS passed); pair with ``release``."""
-        self._suspects.acquire()
+        """Blocks until this suspect runs alone; pair with ``release``."""
+        deadline = time.monotonic() + ALONE_WAIT_SECONDS
         with self._cond:
             self._wanted += 1
-            try:
-                self._cond.wait_for(lambda: not self._running and not self._unacked, ALONE_WAIT_SECONDS)
-            finally:
+            while not self._take(time.monotonic() >= deadline):
+                self._cond.wait(timeout=max(0.001, min(0.1, deadline - time.monotonic())))
+
+    async def wait_alone_async(self):
+        """``wait_alone`` on the event loop: polls, so no thread waits (the loop's threads run the others)."""
+        deadline = time.monotonic() + ALONE_WAIT_SECONDS
+        with self._cond:
+            self._wanted += 1
+        try:
+            while True:
+                with self._cond:
+                    if self._take(time.monotonic() >= deadline):
+                        return
+                await asyncio.sleep(POLL_SECONDS)
+        except BaseException:
+            with self._cond:
                 self._wanted -= 1
-            self._alone = True
+                self._cond.notify_all()
+            raise
+
+    async def enter_async(self):
+        """``enter`` on the event loop (polls, as ``wait_alone_async``)."""
+        while (entered := self.try_enter()) is None:
+            await asyncio.sleep(POLL_SECONDS)
+        return entered
 
     def release(self, acked):
         with self._cond:
             self._alone = False
             self._unacked += bool(acked)
             self._cond.notify_all()
-        self._suspects.release()
 
     def run_alone(self, run, *args):
         """``run(*args)`` (a chunk of one suspect) alone; returns its ChunkResult."""
@@ -94,10 +126,10 @@ class Gate:
             return result
         finally:
             _holding.reset(token)
-            self.release(result is not None and bool(getattr(result, "acked", None)))
+            self.release(result is not None and bool(result.acked))
 
     async def run_alone_async(self, run, *args):
-        await asyncio.to_thread(self.wait_alone)
+        await self.wait_alone_async()
         token = _holding.set(True)
         try:
             result = await run(*args)

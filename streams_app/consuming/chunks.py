@@ -202,7 +202,8 @@ def run_chunk(handler, messages, guard=None, budget=None, runs=None):
 def run_chunk_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk`` on the caller's database connection as it stands: no stale-connection check,
     which would close a test's connection and its transaction (streams_app.testing runs handlers so)."""
-    alone.gate.enter()  # not beside a suspect (alone.py)
+    if not alone.gate.enter():  # not beside a suspect (alone.py); False: this is the suspect
+        return _run_chunk_here(handler, messages, guard, budget, runs)
     acked = False
     try:
         result = _run_chunk_here(handler, messages, guard, budget, runs)
@@ -349,8 +350,8 @@ async def run_chunk_async(handler, messages, guard=None, budget=None, runs=None)
 
 async def run_chunk_async_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk_async`` without the stale-connection check (see run_chunk_here)."""
-    if not alone.gate.try_enter():  # a suspect runs or waits (alone.py): wait off the event loop
-        await asyncio.to_thread(alone.gate.enter)
+    if not await alone.gate.enter_async():  # not beside a suspect (alone.py); False: this is the suspect
+        return await _run_chunk_async_here(handler, messages, guard, budget, runs)
     try:
         result = await _run_chunk_async_here(handler, messages, guard, budget, runs)
     except BaseException:
@@ -363,7 +364,12 @@ async def run_chunk_async_here(handler, messages, guard=None, budget=None, runs=
 async def _run_chunk_async_here(handler, messages, guard, budget, runs):
     chunk = Chunk(messages, guard, budget)
     if runs is not None:
-        await asyncio.to_thread(_started, chunk, runs)
+        try:
+            await runs.started_async(chunk.messages)
+        except BaseException:
+            chunk.abandon()
+            raise
+        chunk.started = time.perf_counter()
     try:
         runnable = chunk.runnable()
         if guard is not None and runnable:

@@ -91,8 +91,7 @@ class GroupLoop(TakeOver):
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
         # Delivery counts follow handler runs (runs.py), unless STREAMS["COUNT_HANDLER_RUNS"] trades that for speed.
-        self.runs = (RunLedger(conn, self.stream, self.group, consumer, spec.max_deliveries)
-                     if config["COUNT_HANDLER_RUNS"] else None)
+        self.runs = RunLedger(conn, self.stream, self.group, consumer, self._retried) if config["COUNT_HANDLER_RUNS"] else None
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
@@ -452,6 +451,10 @@ class GroupLoop(TakeOver):
         else:
             self.errors.append((message.id, error, traceback))
             self._schedule_retry(message.id, message.deliveries)
+
+    def _retried(self, outcome):
+        """Whether a failed ``outcome`` ran its handler and will be retried (on_failure's decision)."""
+        return not isinstance(outcome.error, DuplicateInFlight) and not dead_lettered(outcome, self.max_deliveries)
 
     def _not_run(self, messages):
         """Deliveries on which no handler ran (the guard's marks refused at maxmemory, or the key busy

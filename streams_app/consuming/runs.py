@@ -30,6 +30,7 @@ including entries of other threads or coroutines that were running beside the on
 process. Nothing else. Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL when it ends,
 whatever the chunk's size; a script with per-entry work only for failed entries and at takeover.
 """
+import asyncio
 import logging
 
 import redis
@@ -55,19 +56,21 @@ class RunsNotRecorded(Exception):
 class RunLedger:
     """The ledger of one group loop: its consumer's running record."""
 
-    def __init__(self, conn, stream, group, consumer, max_deliveries):
+    def __init__(self, conn, stream, group, consumer, retried):
         self.conn = conn
         self.stream = stream
         self.group = group
         self.consumer = consumer
-        self.max_deliveries = max_deliveries
+        # retried(outcome): a failed outcome ran and will be retried (one dead-lettered keeps the count it failed at)
+        self.retried = retried
+        self._batch = []  # (messages, future) of async chunks to record in the next write (started_async)
         self.key = running_key(stream, group, consumer)
 
     def begin(self):
         """The loop starts: its record says from now on that this consumer keeps a ledger (a holder with
         none is charged by Redis's counts). Best effort: the first chunk's record says it as well."""
         try:
-            scripts.run(self.conn, "runs_mark", [self.key], ["-", "", RECORD_TTL_MS])
+            scripts.run(self.conn, "runs_mark", [self.key], [RECORD_TTL_MS])
         except ERRORS:
             pass
 
@@ -76,13 +79,42 @@ class RunLedger:
 
         Not run unrecorded: a message that kills its worker would otherwise never reach max_deliveries.
         """
-        if not messages:
-            return
+        if messages:
+            self._mark([messages])
+
+    def _mark(self, chunks):
+        args = [RECORD_TTL_MS]
+        for messages in chunks:
+            args += [messages[0].id, ",".join(m.id for m in messages)]
         try:
-            scripts.run(self.conn, "runs_mark", [self.key],
-                        [messages[0].id, ",".join(m.id for m in messages), RECORD_TTL_MS])
+            scripts.run(self.conn, "runs_mark", [self.key], args)
         except ERRORS as exc:
-            raise RunsNotRecorded(f"could not record the start of {len(messages)} entries: {exc}") from exc
+            raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+
+    async def started_async(self, messages):
+        """``started`` on the event loop: the chunks that start in one turn of the loop are recorded
+        together, in one write from one thread (a hop to a thread per message would cap async groups)."""
+        future = asyncio.get_running_loop().create_future()
+        self._batch.append((messages, future))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().create_task(self._mark_batch())
+        await future
+
+    async def _mark_batch(self):
+        await asyncio.sleep(0)  # the other chunks starting in this turn join the batch
+        batch, self._batch = self._batch, []
+        try:
+            await asyncio.to_thread(self._mark, [messages for messages, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for _, future in batch:
+            if not future.done():
+                future.set_result(None)
 
     def finished(self, result, messages):
         """Right after the chunk (a ChunkResult of ``messages``): off the running record; each failed
@@ -101,12 +133,6 @@ class RunLedger:
             logger.warning("Consumer %s: could not record the end of %d entries of %s/%s: %s", self.consumer,
                            len(messages), self.stream, self.group, exc)
 
-    def retried(self, outcome):
-        """Whether a failed ``outcome`` ran and is retried (a dead-lettered one keeps the count it failed at)."""
-        from streams_app.consuming.idempotency import DuplicateInFlight
-        from streams_app.consuming.outcomes import dead_lettered
-
-        return not isinstance(outcome.error, DuplicateInFlight) and not dead_lettered(outcome, self.max_deliveries)
 
 
 def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=False):
