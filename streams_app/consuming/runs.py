@@ -9,9 +9,11 @@ So the cost is paid at takeover, not per entry:
 
 - Each pending entry's count is its charged runs + 1: the delivery it is on is not charged yet.
   XREADGROUP gives 1; a retry's XCLAIM sets runs + 1 (RETRYCOUNT); a refused delivery leaves it.
-- ``started`` (handler thread or event loop, before a chunk's handlers run): one HSET records the
-  chunk's ids in the consumer's running record (keys.running_key: a hash in the stream's slot, one
-  field per chunk, expiring after RECORD_TTL_MS). Entries waiting for a thread are not in it.
+- ``started`` (handler thread, before a chunk's handlers run): one HSET records the chunk's ids in
+  the consumer's running record (keys.running_key: a hash in the stream's slot, one field per chunk,
+  expiring after RECORD_TTL_MS; field "-" says the consumer keeps a ledger). Entries waiting for a
+  thread are not in it. On the event loop (``started_async``) the chunks that start in one turn
+  share one write.
 - ``finished`` (right after the handlers return, before the result goes back to the read loop): the
   chunk's field is deleted, and each entry that failed and will be retried is charged its run
   (count = runs + 1) in the same script (runs_done.lua). An entry whose handler returned is thus
@@ -19,7 +21,8 @@ So the cost is paid at takeover, not per entry:
 - Whoever takes over a consumer's entries (the takeovers of takeover.py, the reclaim daemon's check of
   what is over max_deliveries) reads its running record in the same Lua script (take_over_runs.lua):
   an entry recorded in a chunk of one was running when its holder died: charged (runs = count);
-  any other entry was not: runs = count - 1. Entries of a recorded chunk of several are charged
+  any other entry was not: runs = count - 1. A holder with no record keeps no ledger (Redis's
+  counts, a client outside Shoal): runs = count. Entries of a recorded chunk of several are charged
   nothing (which of them was running is not known), but like a charged one they are suspects: each
   runs alone (chunks.run_suspect), after what succeeded beside it is acked, so a death then is
   charged to it exactly.
@@ -27,8 +30,10 @@ So the cost is paid at takeover, not per entry:
 What a death charges is then: each entry that was running alone in its chunk (a handler slower than
 ``loop.CHUNK_TARGET_SECONDS`` runs one message per chunk; an ``async def`` handler always does),
 including entries of other threads or coroutines that were running beside the one that killed the
-process. Nothing else. Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL when it ends,
-whatever the chunk's size; a script with per-entry work only for failed entries and at takeover.
+process. Nothing else; in particular nothing for a death in a chunk of several (the killer then runs
+alone, and its next death is charged). Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL
+when it ends, whatever the chunk's size; a script with per-entry work only for failed entries and at
+takeover.
 """
 import asyncio
 import logging
