@@ -22,6 +22,7 @@ from django.db import close_old_connections
 
 from shoal_common.logsummary import RepeatSummary
 from streams_app.consuming import alone
+from streams_app.consuming.runs import RunsNotRecorded
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
 from streams_app.consuming.eventloop import FinishInThread, cancelled_by_shutdown
 from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError, RejectMessage
@@ -215,8 +216,8 @@ def run_chunk_here(handler, messages, guard=None, budget=None, runs=None):
 
 def _run_chunk_here(handler, messages, guard, budget, runs):
     chunk = Chunk(messages, guard, budget)
-    _started(chunk, runs)
     runnable = chunk.admit(chunk.runnable())
+    _started(chunk, runs)  # after the guard's admission, which runs no handler (nor charges one at maxmemory)
     if guard is None:
         left = _run_unguarded(handler, chunk, runnable)
         chunk.end(handler)
@@ -363,17 +364,17 @@ async def run_chunk_async_here(handler, messages, guard=None, budget=None, runs=
 
 async def _run_chunk_async_here(handler, messages, guard, budget, runs):
     chunk = Chunk(messages, guard, budget)
-    if runs is not None:
-        try:
-            await runs.started_async(chunk.messages)
-        except BaseException:
-            chunk.abandon()
-            raise
-        chunk.started = time.perf_counter()
     try:
         runnable = chunk.runnable()
         if guard is not None and runnable:
             runnable = await asyncio.to_thread(chunk.admit, runnable)
+        if runs is not None:  # after the guard's admission, as run_chunk_here
+            try:
+                await runs.started_async(chunk.messages)
+            except RunsNotRecorded:
+                chunk.abandon()
+                raise
+            chunk.started = time.perf_counter()
         left = []
         for index, message in enumerate(runnable):
             if chunk.out_of_time(index):

@@ -378,7 +378,9 @@ class GroupLoop(TakeOver):
                 self.suspects.difference_update(m.id for m in suspects)
                 messages = [m for m in messages if m.id not in {s.id for s in suspects}]
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, self.runs) for chunk in chunks]
+        # Without the run ledger (ordered mode's run_in_order takes no ``runs``), four arguments.
+        extra = () if self.runs is None else (self.runs,)
+        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *extra) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
@@ -388,7 +390,7 @@ class GroupLoop(TakeOver):
         for message in suspects:
             chunks.append([message])
             futures.append(self.executor.submit(alone, self.run_chunk, self.spec.handler, [message], self.guard,
-                                                self.chunk_budget, self.runs))
+                                                self.chunk_budget, *extra))
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)

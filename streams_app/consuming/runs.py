@@ -40,6 +40,7 @@ import logging
 
 import redis
 
+from shoal_common.redis_errors import is_oom
 from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS
@@ -69,6 +70,7 @@ class RunLedger:
         # retried(outcome): a failed outcome ran and will be retried (one dead-lettered keeps the count it failed at)
         self.retried = retried
         self._batch = []  # (messages, future) of async chunks to record in the next write (started_async)
+        self._charged = set()  # first ids of chunks charged at maxmemory instead of recorded (_charge)
         self.key = running_key(stream, group, consumer)
 
     def begin(self):
@@ -92,9 +94,33 @@ class RunLedger:
         for messages in chunks:
             args += [messages[0].id, ",".join(m.id for m in messages)]
         try:
-            scripts.run(self.conn, "runs_mark", [self.key], args)
+            try:
+                scripts.run(self.conn, "runs_mark", [self.key], args)
+            except redis.ResponseError as exc:
+                if not is_oom(exc):
+                    raise
+                self._charge(chunks)
         except ERRORS as exc:
             raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+
+    def _charge(self, chunks):
+        """At maxmemory (the record's HSET refused, XCLAIM allowed): each entry of the chunks is charged its
+        run before it starts (count = runs + 2, so a takeover finds runs + 1), and set back as it ends
+        (``finished``), as the ledger did per entry before it was paid at takeover. Such chunks are not
+        suspects after a death, and the whole chunk is charged."""
+        self._set_counts((m.id, m.deliveries + 1) for messages in chunks for m in messages)
+        self._charged.update(messages[0].id for messages in chunks)
+
+    def _set_counts(self, pairs):
+        by_count = {}
+        for entry_id, count in pairs:
+            by_count.setdefault(count, []).append(entry_id)
+        if not by_count:
+            return
+        args = [self.group, self.consumer]
+        for count, ids in by_count.items():
+            args += [count, len(ids), *ids]
+        scripts.run(self.conn, "set_runs", [self.stream], args)
 
     async def started_async(self, messages):
         """``started`` on the event loop: the chunks that start in one turn of the loop are recorded
@@ -129,7 +155,11 @@ class RunLedger:
             return
         retried = [(o.message.id, o.message.deliveries + 1) for o in result.failed if self.retried(o)]
         try:
-            if retried:
+            if messages[0].id in self._charged:  # charged at maxmemory (_charge): set back what did not fail
+                self._charged.discard(messages[0].id)
+                ran = {entry_id for entry_id, _ in retried}
+                self._set_counts((m.id, m.deliveries) for m in messages if m.id not in ran)
+            elif retried:
                 scripts.run(self.conn, "runs_done", [self.stream, self.key],
                             [self.group, self.consumer, messages[0].id, *(x for pair in retried for x in pair)])
             else:
