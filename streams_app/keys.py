@@ -84,3 +84,9 @@ def members_key(logical_stream, group):
     """Ordered mode: member -> deadline (ms, Redis clock) of the consumers of ``group`` sharing the
     leases of ``logical_stream``'s partitions."""
     return f"{hash_tag(logical_stream)}:members:{group}"
+
+
+def running_key(stream, group, consumer):
+    """What ``consumer`` of ``group`` is running right now (a hash, one field per chunk, with a TTL):
+    read by whoever takes its entries over, to charge a run only to those (consuming/runs.py)."""
+    return f"{hash_tag(stream)}:running:{group}:{consumer}"

@@ -22,7 +22,7 @@ from streams_app import keys, scheduled, scripts
 
 from streams_app.deadletters import store as deadletters
 
-from streams_app.consuming import liveness
+from streams_app.consuming import liveness, runs
 
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
@@ -196,10 +196,21 @@ class Reclaimer:
         while True:
             rows = self.conn.xpending_range(spec.stream, spec.group, min=cursor, max="+", count=AUDIT_PAGE,
                                             idle=self.config["PENDING_TIMEOUT_MS"])
-            over += [_str(r["message_id"]) for r in rows if r["times_delivered"] >= spec.max_deliveries]
+            over += [(_str(r["consumer"]), _str(r["message_id"])) for r in rows
+                     if r["times_delivered"] >= spec.max_deliveries]
             if len(rows) < AUDIT_PAGE:
                 break
             cursor = "(" + _str(rows[-1]["message_id"])
+        if over and self.config["COUNT_HANDLER_RUNS"] and not spec.ordered:
+            # The run ledger (consuming/runs.py): the count of an entry its holder was not running holds
+            # one delivery that ran nothing; what is over is decided with the holders' running records.
+            held = {}
+            for holder, entry_id in over:
+                held.setdefault(holder, []).append(entry_id)
+            _, over = runs.take_over(self.conn, spec.stream, spec.group, "", self.config["PENDING_TIMEOUT_MS"],
+                                     spec.max_deliveries, held, check=True)
+        else:
+            over = [entry_id for _, entry_id in over]
         if not over:
             return 0
         result = deadletters.move(self.conn, spec.stream, spec.group, [(i, deadletters.RECORDED_ERROR, "") for i in over])

@@ -15,13 +15,14 @@ import asyncio
 import functools
 import inspect
 import logging
-import threading
 import time
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from shoal_common.logsummary import RepeatSummary
+from streams_app.consuming import alone
+from streams_app.consuming.runs import RunsNotRecorded
 from streams_app.consuming.outcomes import ChunkResult, Outcome, Status, exception_text
 from streams_app.consuming.eventloop import FinishInThread, cancelled_by_shutdown
 from streams_app.exceptions import HandlerCancelledError, HandlerShapeError, PayloadDecodeError, RejectMessage
@@ -159,7 +160,7 @@ class Chunk:
 # -- sync handlers, in a handler thread ----------------------------------------------------------
 
 def _started(chunk, runs):
-    """Charge the chunk's delivery before anything of it runs (runs.RunLedger; raises RunsNotRecorded)."""
+    """Record the chunk as running before anything of it runs (runs.RunLedger; raises RunsNotRecorded)."""
     if runs is not None:
         try:
             runs.started(chunk.messages)
@@ -170,23 +171,21 @@ def _started(chunk, runs):
 
 
 def _finished(result, runs, messages):
-    """What returned is recorded now, from this thread: a death of the process later does not charge it."""
+    """Off the running record now, from this thread: a death of the process later does not charge it."""
     if runs is not None:
         runs.finished(result, messages)
     return result
 
 
-# Held while a suspect runs: an entry that was running when a worker died, taken over from it. One
-# at a time per process, so the one that kills its worker dies alone and the deaths are charged to it,
-# not to the neighbours that ran beside it (runs.py).
-_suspects = threading.Lock()
-
-
 def run_suspect(run, *args):
-    """``run(*args)`` (run_chunk on a chunk of one suspect) once no other suspect of this process runs.
-    Its count is set only then (it is handed in as queued), so waiting here charges nothing."""
-    with _suspects:
-        return run(*args)
+    """``run(*args)`` (run_chunk on a chunk of one suspect: an entry that was running when a worker died,
+    taken over from it) alone in the process (alone.py), so a death then is charged to it only."""
+    return alone.gate.run_alone(run, *args)
+
+
+async def run_suspect_async(run, *args):
+    """``run_suspect`` for an ``async def`` handler: waits for its turn in a thread, off the event loop."""
+    return await alone.gate.run_alone_async(run, *args)
 
 
 def run_chunk(handler, messages, guard=None, budget=None, runs=None):
@@ -204,9 +203,21 @@ def run_chunk(handler, messages, guard=None, budget=None, runs=None):
 def run_chunk_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk`` on the caller's database connection as it stands: no stale-connection check,
     which would close a test's connection and its transaction (streams_app.testing runs handlers so)."""
+    if not alone.gate.enter():  # not beside a suspect (alone.py); False: this is the suspect
+        return _run_chunk_here(handler, messages, guard, budget, runs)
+    acked = False
+    try:
+        result = _run_chunk_here(handler, messages, guard, budget, runs)
+        acked = runs is not None and bool(result.acked)
+        return result
+    finally:
+        alone.gate.leave(acked)
+
+
+def _run_chunk_here(handler, messages, guard, budget, runs):
     chunk = Chunk(messages, guard, budget)
-    _started(chunk, runs)
     runnable = chunk.admit(chunk.runnable())
+    _started(chunk, runs)  # after the guard's admission, which runs no handler (nor charges one at maxmemory)
     if guard is None:
         left = _run_unguarded(handler, chunk, runnable)
         chunk.end(handler)
@@ -340,13 +351,30 @@ async def run_chunk_async(handler, messages, guard=None, budget=None, runs=None)
 
 async def run_chunk_async_here(handler, messages, guard=None, budget=None, runs=None):
     """``run_chunk_async`` without the stale-connection check (see run_chunk_here)."""
+    if not await alone.gate.enter_async():  # not beside a suspect (alone.py); False: this is the suspect
+        return await _run_chunk_async_here(handler, messages, guard, budget, runs)
+    try:
+        result = await _run_chunk_async_here(handler, messages, guard, budget, runs)
+    except BaseException:
+        alone.gate.leave(False)
+        raise
+    # Left once the chunk is off the running record: in the thread that finishes it, if one does.
+    return alone.left_after(result, alone.gate.leave, runs is not None)
+
+
+async def _run_chunk_async_here(handler, messages, guard, budget, runs):
     chunk = Chunk(messages, guard, budget)
-    if runs is not None:
-        await asyncio.to_thread(_started, chunk, runs)
     try:
         runnable = chunk.runnable()
         if guard is not None and runnable:
             runnable = await asyncio.to_thread(chunk.admit, runnable)
+        if runs is not None:  # after the guard's admission, as run_chunk_here
+            try:
+                await runs.started_async(chunk.messages)
+            except RunsNotRecorded:
+                chunk.abandon()
+                raise
+            chunk.started = time.perf_counter()
         left = []
         for index, message in enumerate(runnable):
             if chunk.out_of_time(index):

@@ -31,7 +31,8 @@ from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
 from streams_app.consuming import bands, refusals
-from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect
+from streams_app.consuming.alone import gate
+from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect, run_suspect_async
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
 from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
@@ -90,7 +91,7 @@ class GroupLoop(TakeOver):
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
         # Delivery counts follow handler runs (runs.py), unless STREAMS["COUNT_HANDLER_RUNS"] trades that for speed.
-        self.runs = RunLedger(conn, self.stream, self.group, consumer) if config["COUNT_HANDLER_RUNS"] else None
+        self.runs = RunLedger(conn, self.stream, self.group, consumer, self._retried) if config["COUNT_HANDLER_RUNS"] else None
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
@@ -124,6 +125,7 @@ class GroupLoop(TakeOver):
         self.peers = (self,)  # the read loops sharing this one's handler pool (Worker.boot sets them all)
         self.completions = queue.SimpleQueue()
         self.to_ack = []
+        self.acked_chunks = 0  # chunks whose acks are in to_ack (a suspect waits for them: alone.py)
         self.ready = False
         self.next_claim = 0.0
         self.claim_cursor = None  # XPENDING scan for abandoned entries in progress
@@ -241,6 +243,8 @@ class GroupLoop(TakeOver):
 
     def make_ready(self, now):
         """Create the group at ``start``, or, once it was lost while consuming, where it stood (lost_group.py)."""
+        if self.runs is not None:
+            self.runs.begin()
         if self.lost_group.lost:
             self.lost_group.recreate(now)
         elif ensure_group(self.conn, self.stream, self.group, self.spec.start):
@@ -367,42 +371,29 @@ class GroupLoop(TakeOver):
     def _submit(self, messages):
         size = self.chunk_size
         suspects = []
-        if self.suspects and not self.spec.is_async:
-            # Taken over from a worker that died while running them: one at a time, alone (run_suspect).
+        if self.suspects:
+            # Taken over from a worker that was running them when it died: one at a time, alone (alone.py).
             suspects = [m for m in messages if m.id in self.suspects]
             if suspects:
                 self.suspects.difference_update(m.id for m in suspects)
                 messages = [m for m in messages if m.id not in {s.id for s in suspects}]
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
-        if self.runs is None:
-            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget) for chunk in chunks]
-        else:
-            # Chunks a free thread (or coroutine slot) starts at once keep the delivery Redis counted;
-            # those queued behind busy ones are taken back until they start (runs.py). Chunks handed
-            # in but not yet collected count as busy, so a queued chunk is never taken for a starting one.
-            free = self._free_starts()
-            self.runs.waiting([m for chunk in chunks[free:] for m in chunk] + suspects)
-            argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget,
-                        self.runs if index < free else self.runs.queued) for index, chunk in enumerate(chunks)]
+        # Without the run ledger (ordered mode's run_in_order takes no ``runs``), four arguments.
+        extra = () if self.runs is None else (self.runs,)
+        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *extra) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
         else:
             futures = [self.executor.submit(self.run_chunk, *args) for args in argsets]
+        alone = run_suspect_async if self.spec.is_async else run_suspect
         for message in suspects:
             chunks.append([message])
-            futures.append(self.executor.submit(run_suspect, self.run_chunk, self.spec.handler, [message], self.guard,
-                                                self.chunk_budget, self.runs.queued))
+            futures.append(self.executor.submit(alone, self.run_chunk, self.spec.handler, [message], self.guard,
+                                                self.chunk_budget, *extra))
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
             future.add_done_callback(self.completions.put)
-
-    def _free_starts(self):
-        """How many chunks handed in now start at once: the pool (threads, or the event loop's slots) is
-        the worker's, shared by its read loops (``peers``, set by the worker)."""
-        parallel = self.slots if self.spec.is_async else self.threads
-        busy = sum(loop.busy_chunks for loop in self.peers if loop.spec.is_async == self.spec.is_async)
-        return max(0, parallel - busy)
 
     def collect(self, timeout=0.0):
         """Take in finished chunks; wait up to ``timeout`` seconds for the first one."""
@@ -439,6 +430,8 @@ class GroupLoop(TakeOver):
                 self.on_failure(Outcome(message, Status.FAILED, exc))
             return
         self._adapt_chunk(result.seconds_per_message)
+        if result.acked and self.runs is not None:
+            self.acked_chunks += 1
         self.to_ack.extend(result.acked)
         for outcome in result.failed:
             self.on_failure(outcome)
@@ -461,9 +454,14 @@ class GroupLoop(TakeOver):
             self.errors.append((message.id, error, traceback))
             self._schedule_retry(message.id, message.deliveries)
 
+    def _retried(self, outcome):
+        """Whether a failed ``outcome`` ran its handler and will be retried (on_failure's decision)."""
+        return not isinstance(outcome.error, DuplicateInFlight) and not dead_lettered(outcome, self.max_deliveries)
+
     def _not_run(self, messages):
         """Deliveries on which no handler ran (the guard's marks refused at maxmemory, or the key busy
         elsewhere): take their count back and retry them after the back-off of the deliveries that ran.
+        With the run ledger (runs.py) the count is already the runs + 1: nothing to take back.
 
         Without this, each retry during a maxmemory episode counted as a delivery: entries that never
         ran reached max_deliveries and were dead-lettered ("killed or stuck"), by this loop or by the
@@ -474,6 +472,8 @@ class GroupLoop(TakeOver):
             ran = max(0, message.deliveries - 1)
             args += [message.id, ran]
             self._schedule_retry(message.id, ran)
+        if self.runs is not None:
+            return  # the run ledger charged nothing: its count is still the runs + 1 (runs.py)
         try:
             scripts.run(self.conn, "undeliver", [self.stream], args)
         except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
@@ -541,6 +541,8 @@ class GroupLoop(TakeOver):
     def _acked(self, count):
         self.handled += count
         self.to_ack = []
+        gate.sent(self.acked_chunks)
+        self.acked_chunks = 0
 
     # -- stopping and Redis trouble ---------------------------------------------------------
 

@@ -176,7 +176,8 @@ class LostGroupProtocol:
         # and claimable by other consumers no sooner than before the loss (idle for a whole back-off,
         # it was taken over and run at once elsewhere, and this consumer's retry ran it again).
         now = loop.clock()
-        held.update((entry_id, (deliveries, int(max(0.0, backoff_seconds(deliveries, loop.retry_base, loop.retry_cap)
+        pending = 1 if loop.runs is not None else 0  # the run ledger's count of a failed entry is its runs + 1
+        held.update((entry_id, (deliveries + pending, int(max(0.0, backoff_seconds(deliveries, loop.retry_base, loop.retry_cap)
                                                     - max(0.0, due - now)) * 1000)))
                     for due, entry_id, deliveries in loop.retries)
         held.update((entry_id, (loop.max_deliveries, 0)) for entry_id, _, _ in loop.to_dead_letter)

@@ -1,111 +1,191 @@
-"""The delivery count of a pending entry is the number of handler runs it started (issue 32, item 2).
+"""The run ledger: a pending entry's delivery count is the handler runs charged to it, plus one (issue 32).
 
 Redis counts a delivery on every XREADGROUP and XCLAIM, so a worker killed with a read of twenty
 entries left all twenty charged: entries that were only waiting for a thread, and entries whose
 handler had returned but whose ack was still queued. After a few such deaths the reclaim daemon and
 the takeovers dead-lettered them as "killed or stuck mid-handler" though they never ran (or ran fine).
 
-So the count follows the runs:
+So the cost is paid at takeover, not per entry:
 
-- ``waiting`` (read loop, as it hands chunks to the threads): chunks that a free thread starts at
-  once keep the delivery Redis counted; for those queued behind busy threads it is taken back to the
-  runs so far (``deliveries - 1``), so entries that wait for a thread are not charged.
-- ``started`` (handler thread, before a queued chunk's handlers run): the count becomes ``deliveries``.
-- ``finished`` (handler thread, right after they return): the count of each entry whose handler
-  returned is taken back at once, so a death before the read loop's next ack does not charge it
-  (it runs again: at-least-once). Acks stay the loop's, batched: sent from the threads they raced
-  the lost-group protocol.
+- Each pending entry's count is its charged runs + 1: the delivery it is on is not charged yet.
+  XREADGROUP gives 1; a retry's XCLAIM sets runs + 1 (RETRYCOUNT); a refused delivery leaves it.
+- ``started`` (handler thread, before a chunk's handlers run): one HSET records the chunk's ids in
+  the consumer's running record (keys.running_key: a hash in the stream's slot, one field per chunk,
+  expiring after RECORD_TTL_MS; field "-" says the consumer keeps a ledger). Entries waiting for a
+  thread are not in it. On the event loop (``started_async``) the chunks that start in one turn
+  share one write.
+- ``finished`` (right after the handlers return, before the result goes back to the read loop): the
+  chunk's field is deleted, and each entry that failed and will be retried is charged its run
+  (count = runs + 1) in the same script (runs_done.lua). An entry whose handler returned is thus
+  never charged, should the process die before the read loop's ack.
+- Whoever takes over a consumer's entries (the takeovers of takeover.py, the reclaim daemon's check of
+  what is over max_deliveries) reads its running record in the same Lua script (take_over_runs.lua):
+  an entry recorded in a chunk of one was running when its holder died: charged (runs = count);
+  any other entry was not: runs = count - 1. A holder with no record keeps no ledger (Redis's
+  counts, a client outside Shoal): runs = count. Entries of a recorded chunk of several are charged
+  nothing (which of them was running is not known), but like a charged one they are suspects: each
+  runs alone (chunks.run_suspect), after what succeeded beside it is acked, so a death then is
+  charged to it exactly.
 
-What a death charges is then the chunk that was running: one entry for handlers slower than about
-``loop.CHUNK_TARGET_SECONDS`` (one message per chunk), a few milliseconds' worth for faster ones.
-Counts are set with set_runs.lua, which touches only entries still owned by this consumer. Costs:
-one script run per chunk in its thread, and for queued chunks one at hand-in (per read) and one more
-in the thread.
+What a death charges is then: each entry that was running alone in its chunk (a handler slower than
+``loop.CHUNK_TARGET_SECONDS`` runs one message per chunk; an ``async def`` handler always does),
+including entries of other threads or coroutines that were running beside the one that killed the
+process. Nothing else; in particular nothing for a death in a chunk of several (the killer then runs
+alone, and its next death is charged). Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL
+when it ends, whatever the chunk's size; a script with per-entry work only for failed entries and at
+takeover.
 """
+import asyncio
 import logging
 
 import redis
 
+from shoal_common.redis_errors import is_oom
+from shoal_common.text import to_text
 from streams_app import scripts
 from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.keys import running_key
 
 logger = logging.getLogger("streams_app.consumer")
 
 ERRORS = (*TRANSIENT_ERRORS, redis.ResponseError)
 
+# A running record outlives its consumer this long: a dead consumer's entries are taken over well
+# within it (a live one renews it with every chunk). Past it, a death is charged to nobody.
+RECORD_TTL_MS = 7 * 24 * 3600 * 1000
+
 
 class RunsNotRecorded(Exception):
-    """The count of a chunk's entries could not be set before its handlers ran: nothing was run."""
+    """A chunk's running record could not be written before its handlers ran: nothing was run."""
 
 
 class RunLedger:
-    """The ledger of one group loop; ``queued`` is its view for chunks that wait for a thread."""
+    """The ledger of one group loop: its consumer's running record."""
 
-    def __init__(self, conn, stream, group, consumer):
+    def __init__(self, conn, stream, group, consumer, retried):
         self.conn = conn
         self.stream = stream
         self.group = group
         self.consumer = consumer
-        self.queued = _Queued(self)
+        # retried(outcome): a failed outcome ran and will be retried (one dead-lettered keeps the count it failed at)
+        self.retried = retried
+        self._batch = []  # (messages, future) of async chunks to record in the next write (started_async)
+        self._charged = set()  # first ids of chunks charged at maxmemory instead of recorded (_charge)
+        self.key = running_key(stream, group, consumer)
+
+    def begin(self):
+        """The loop starts: its record says from now on that this consumer keeps a ledger (a holder with
+        none is charged by Redis's counts). Best effort: the first chunk's record says it as well."""
+        try:
+            scripts.run(self.conn, "runs_mark", [self.key], [RECORD_TTL_MS])
+        except ERRORS:
+            pass
+
+    def started(self, messages):
+        """Before ``messages`` run: recorded as running (raises RunsNotRecorded).
+
+        Not run unrecorded: a message that kills its worker would otherwise never reach max_deliveries.
+        """
+        if messages:
+            self._mark([messages])
+
+    def _mark(self, chunks):
+        args = [RECORD_TTL_MS]
+        for messages in chunks:
+            args += [messages[0].id, ",".join(m.id for m in messages)]
+        try:
+            try:
+                scripts.run(self.conn, "runs_mark", [self.key], args)
+            except redis.ResponseError as exc:
+                if not is_oom(exc):
+                    raise
+                self._charge(chunks)
+        except ERRORS as exc:
+            raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+
+    def _charge(self, chunks):
+        """At maxmemory (the record's HSET refused, XCLAIM allowed): each entry of the chunks is charged its
+        run before it starts (count = runs + 2, so a takeover finds runs + 1), and set back as it ends
+        (``finished``), as the ledger did per entry before it was paid at takeover. Such chunks are not
+        suspects after a death, and the whole chunk is charged."""
+        self._set_counts((m.id, m.deliveries + 1) for messages in chunks for m in messages)
+        self._charged.update(messages[0].id for messages in chunks)
 
     def _set_counts(self, pairs):
         by_count = {}
         for entry_id, count in pairs:
             by_count.setdefault(count, []).append(entry_id)
+        if not by_count:
+            return
         args = [self.group, self.consumer]
         for count, ids in by_count.items():
             args += [count, len(ids), *ids]
-        return scripts.run(self.conn, "set_runs", [self.stream], args)
+        scripts.run(self.conn, "set_runs", [self.stream], args)
 
-    def waiting(self, messages):
-        """Read loop: ``messages`` (read, claimed or handed back) wait for a thread: not charged until they start.
+    async def started_async(self, messages):
+        """``started`` on the event loop: the chunks that start in one turn of the loop are recorded
+        together, in one write from one thread (a hop to a thread per message would cap async groups)."""
+        future = asyncio.get_running_loop().create_future()
+        self._batch.append((messages, future))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().create_task(self._mark_batch())
+        await future
 
-        Best effort: should Redis not answer, they run with the count Redis gave them (one too high
-        for entries that never start before a death), as before this ledger.
-        """
-        if not messages:
-            return
+    async def _mark_batch(self):
+        await asyncio.sleep(0)  # the other chunks starting in this turn join the batch
+        batch, self._batch = self._batch, []
         try:
-            self._set_counts((m.id, m.deliveries - 1) for m in messages)
-        except ERRORS as exc:
-            logger.warning("Consumer %s: could not take back the delivery count of %d entries of %s/%s read "
-                           "and not yet started: %s", self.consumer, len(messages), self.stream, self.group, exc)
-
-    def started(self, messages):
-        """Handler thread, a chunk that started at once: Redis counted its delivery already."""
+            await asyncio.to_thread(self._mark, [messages for messages, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for _, future in batch:
+            if not future.done():
+                future.set_result(None)
 
     def finished(self, result, messages):
-        """Handler thread, right after the chunk (a ChunkResult of ``messages``): the delivery of each
-        entry whose handler returned is taken back at once (``deliveries - 1``: it did not die running),
-        so a death of the process before the read loop's next ack does not charge it. The loop acks
-        them as before: acks from the threads would race the lost-group protocol (lost_group.py)."""
-        acked = set(result.acked)
-        pairs = [(m.id, m.deliveries - 1) for m in messages if m.id in acked]
-        if not pairs:
-            return
-        try:
-            self._set_counts(pairs)
-        except ERRORS:
-            pass  # charged one run too many should the process die before the ack; retried, not lost
-
-
-class _Queued:
-    """A chunk queued behind busy threads: its count was taken back (``waiting``); set it when it starts."""
-
-    def __init__(self, ledger):
-        self.ledger = ledger
-
-    def started(self, messages):
-        """Before ``messages`` run: each is charged its delivery (raises RunsNotRecorded).
-
-        Not run uncounted: a message that kills its worker would otherwise never reach max_deliveries.
-        """
+        """Right after the chunk (a ChunkResult of ``messages``): off the running record; each failed
+        entry that is retried is charged its run. Best effort: should Redis not answer, the chunk's
+        entries are charged a run each if the process dies before the next chunk of this loop is recorded."""
         if not messages:
             return
+        retried = [(o.message.id, o.message.deliveries + 1) for o in result.failed if self.retried(o)]
         try:
-            self.ledger._set_counts((m.id, m.deliveries) for m in messages)
+            if messages[0].id in self._charged:  # charged at maxmemory (_charge): set back what did not fail
+                self._charged.discard(messages[0].id)
+                ran = {entry_id for entry_id, _ in retried}
+                self._set_counts((m.id, m.deliveries) for m in messages if m.id not in ran)
+            elif retried:
+                scripts.run(self.conn, "runs_done", [self.stream, self.key],
+                            [self.group, self.consumer, messages[0].id, *(x for pair in retried for x in pair)])
+            else:
+                self.conn.hdel(self.key, messages[0].id)
         except ERRORS as exc:
-            raise RunsNotRecorded(f"could not record the start of {len(messages)} entries: {exc}") from exc
+            logger.warning("Consumer %s: could not record the end of %d entries of %s/%s: %s", self.consumer,
+                           len(messages), self.stream, self.group, exc)
 
-    def finished(self, result, messages):
-        return self.ledger.finished(result, messages)
+
+
+def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=False):
+    """Claim for ``taker`` the entries of ``held`` ({holder: ids}) idle ``min_idle`` ms, charging a run only
+    to those their holder was running (take_over_runs.lua). Returns (claimed, over): claimed is a list
+    of (id, fields, count, suspect); over the ids whose runs reached ``max_deliveries``, not claimed.
+    ``check``: claim nothing, only tell which are over."""
+    holders = [h for h, ids in held.items() if ids]
+    if not holders:
+        return [], []
+    args = [group, taker, int(min_idle), max_deliveries, "check" if check else "claim"]
+    for holder in holders:
+        args += [holder, len(held[holder]), *held[holder]]
+    keys = [stream, *(running_key(stream, group, h) for h in holders)]
+    claimed, over = scripts.run(conn, "take_over_runs", keys, args)
+    entries = [(to_text(i), _fields(f), int(count), bool(suspect)) for i, f, count, suspect in claimed]
+    return entries, [to_text(i) for i in over]
+
+
+def _fields(flat):
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}

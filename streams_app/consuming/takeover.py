@@ -17,7 +17,7 @@ import redis
 from shoal_common.redis_errors import is_no_permission
 from shoal_common.text import to_text
 from streams_app.connection import node_client
-from streams_app.consuming import liveness
+from streams_app.consuming import liveness, runs
 from streams_app.consuming.retry import backoff_seconds, claimable_idle_ms
 from streams_app.deadletters import store as deadletters
 
@@ -87,15 +87,13 @@ class TakeOver:
             wanted = {}
             for row in rows:
                 entry_id, deliveries = _str(row["message_id"]), row["times_delivered"]
-                if entry_id in in_flight or deliveries >= self.max_deliveries:
+                if entry_id in in_flight or (self.runs is None and deliveries >= self.max_deliveries):
                     continue
                 if row["time_since_delivered"] >= int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 1000):
                     wanted[entry_id] = deliveries
             if wanted:
                 min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
-                claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
-                got = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
-                self._note_suspects(got)
+                got = self._claim(min_idle, {name: list(wanted)}, wanted)
                 if got:
                     logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
                                 self.consumer, len(got), name, self.stream, self.group)
@@ -115,7 +113,9 @@ class TakeOver:
         pipe = self.conn.pipeline(transaction=False)
         for entry_id, deliveries in due:
             min_idle = int(backoff_seconds(deliveries, self.retry_base, self.retry_cap) * 900)
-            pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id])
+            # The run ledger (runs.py) keeps a pending entry's count at its runs + 1: set, not counted again.
+            retrycount = deliveries + 1 if self.runs is not None else None
+            pipe.xclaim(self.stream, self.group, self.consumer, min_idle, [entry_id], retrycount=retrycount)
         try:
             replies = pipe.execute()
         except BaseException:
@@ -147,6 +147,7 @@ class TakeOver:
             idle=self.pending_timeout_ms,
         )
         wanted = {}
+        holders = {}
         last = None
         busy_here = None
         for row in rows:
@@ -165,10 +166,11 @@ class TakeOver:
             # One waiting here yet idle past its back-off was made due by an operator (the admin's
             # "retry now" sets its idle time): taken now, and out of the retry heap. Our own entry that nothing here will retry (its retry XCLAIM found it too fresh, or its
             # chunk was lost) is treated like any abandoned entry.
-            if deliveries >= self.max_deliveries:
+            if self.runs is None and deliveries >= self.max_deliveries:
                 self.to_dead_letter.append((last, deadletters.RECORDED_ERROR, ""))
             elif row["time_since_delivered"] >= claimable_idle_ms(deliveries, self.retry_base, self.retry_cap, self.pending_timeout_ms):
                 wanted[last] = deliveries
+                holders.setdefault(_str(row["consumer"]), []).append(last)
                 if len(wanted) >= room:
                     break
         self.claim_cursor = "(" + last if last is not None and (len(rows) >= PENDING_PAGE or len(wanted) >= room) else None
@@ -177,19 +179,26 @@ class TakeOver:
         if not wanted:
             return []
         self._forget_retries(wanted)
-        claimed = self.conn.xclaim(self.stream, self.group, self.consumer, self.pending_timeout_ms, list(wanted))
-        entries = [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
-        self._note_suspects(entries)
+        entries = self._claim(self.pending_timeout_ms, holders, wanted)
         if entries:
             logger.info("Consumer %s: took over %d abandoned entries of %s/%s", self.consumer, len(entries), self.stream, self.group)
         return entries
 
-    def _note_suspects(self, entries):
-        """Entries whose count says a handler ran them (runs.py): their holder died or hung while running
-        them, maybe because of them. They run alone (loop._submit), so one that kills its worker again is
-        charged its deaths and the others, which only ran beside it, are not."""
-        if self.runs is not None:
-            self.suspects.update(entry_id for entry_id, _, deliveries in entries if deliveries > 1)
+    def _claim(self, min_idle, holders, wanted):
+        """XCLAIM the ``holders``' entries ({holder: ids}) for this consumer; (id, fields, deliveries) each.
+
+        With the run ledger (runs.py) in one script that charges a run only to the entries their holder was
+        running, queues those whose runs reached max_deliveries for the dead-letter stream instead, and notes
+        the suspects: entries their holder was running when it stopped, maybe because of them. They run
+        alone (alone.py), so one that kills its worker again is charged that death and nothing else is."""
+        if self.runs is None:
+            claimed = self.conn.xclaim(self.stream, self.group, self.consumer, min_idle, list(wanted))
+            return [(_str(i), f, wanted.get(_str(i), 0) + 1) for i, f in claimed if f]
+        claimed, over = runs.take_over(self.conn, self.stream, self.group, self.consumer, min_idle,
+                                       self.max_deliveries, holders)
+        self.to_dead_letter += [(entry_id, deadletters.RECORDED_ERROR, "") for entry_id in over]
+        self.suspects.update(entry_id for entry_id, _, _, suspect in claimed if suspect)
+        return [(entry_id, fields, count) for entry_id, fields, count, _ in claimed]
 
     def _forget_retries(self, entry_ids):
         if any(entry_id in entry_ids for _, entry_id, _ in self.retries):

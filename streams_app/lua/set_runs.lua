@@ -1,6 +1,6 @@
--- Set the delivery count of entries to the handler runs they started (the run ledger,
--- streams_app/consuming/runs.py); undeliver.lua's job with the ids grouped by count, so a chunk
--- passes one argument per entry (its arguments are most of the ledger's cost in the worker).
+-- Set the delivery count of entries (the run ledger's way at maxmemory, streams_app/consuming/runs.py:
+-- Redis refuses the running record's HSET then, not XCLAIM); undeliver.lua's job with the ids grouped
+-- by count, so a chunk passes one argument per entry.
 -- KEYS: stream. ARGV: group, consumer, then groups of: count, number of ids n, n ids.
 -- Only entries still owned by this consumer are touched (one another consumer took over is left to
 -- it). XCLAIM ... RETRYCOUNT JUSTID sets the count and resets the idle time; allowed at maxmemory.

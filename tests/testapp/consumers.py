@@ -68,6 +68,41 @@ def exits_its_process(message):
     record("handled", message)
 
 
+def dies_or_runs(message):
+    """``exit``: os._exit(1) mid-handler; ``sleep``: seconds. Appends "s <id> <pid>" as it starts and
+    "h <id> <pid>" as it returns to ``events:<stream>`` (one list: the order across threads and workers)."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    conn = get_connection()
+    conn.rpush(f"events:{message.stream}", f"s {message.id} {os.getpid()}")
+    record("started", message)
+    if payload.get("exit"):
+        os._exit(1)
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    record("handled", message)
+    conn.rpush(f"events:{message.stream}", f"h {message.id} {os.getpid()}")
+
+
+# The run ledger (tests/streams_app/consuming/test_worker_deaths.py).
+consumer("exitsonce", group="g", max_deliveries=1, retry_backoff=0.1)(dies_or_runs)
+consumer("exitsalone", group="g", max_deliveries=3, retry_backoff=0.1)(dies_or_runs)
+
+
+@consumer("aexits", group="g", max_deliveries=3, retry_backoff=0.1)
+async def dies_or_runs_async(message):
+    """``dies_or_runs`` as an async def; ``sleep`` is an await."""
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    conn = get_connection()
+    await asyncio.to_thread(conn.rpush, f"events:{message.stream}", f"s {message.id} {os.getpid()}")
+    await asyncio.to_thread(record, "started", message)
+    if payload.get("exit"):
+        os._exit(1)
+    if payload.get("sleep"):
+        await asyncio.sleep(payload["sleep"])
+    await asyncio.to_thread(record, "handled", message)
+    await asyncio.to_thread(conn.rpush, f"events:{message.stream}", f"h {message.id} {os.getpid()}")
+
+
 @consumer("idem", group="r", idempotent="redis", retry_backoff=0.05)
 def idempotent_in_redis(message):
     behave(message)

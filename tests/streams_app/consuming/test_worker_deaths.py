@@ -77,3 +77,69 @@ def test_without_count_handler_runs_a_kill_charges_every_entry_read(redis, run_c
     assert running < dead and len(dead) == 4  # the two running and the two that never ran
     second.signal(signal.SIGTERM)
     assert second.wait(60) == 0, second.output()
+
+
+def _settle(redis, run_consumer, stream, count, *options):
+    """Run ``stream``:g in one supervised worker beside the reclaim daemon until each of ``count`` entries is
+    handled or dead-lettered; stop both. Returns the dead letters' (origin id, deliveries)."""
+    supervisor = run_consumer(f"{stream}:g", "--workers", "1", *options, streams=FAST)
+    reclaimer = run_consumer("--interval", "0.1", streams=FAST, command="runreclaimer")
+    wait_for(lambda: redis.xlen(f"{{{stream}}}:dlq") + len(set(listed(redis, "handled", stream, "g"))) >= count
+             and redis.xpending(stream, "g")["pending"] == 0, timeout=120, what="each entry handled or dead-lettered")
+    for proc in (supervisor, reclaimer):
+        proc.signal(signal.SIGTERM)
+    assert [supervisor.wait(60), reclaimer.wait(60)] == [0, 0], supervisor.output() + reclaimer.output()
+    return [(f["shoal:origin_id"], f["shoal:deliveries"]) for _, f in redis.xrange(f"{{{stream}}}:dlq")]
+
+
+def test_an_async_handler_that_kills_its_worker_is_the_only_one_dead_lettered(redis, run_consumer):
+    # F1 of the re-trial: with async def handlers every entry of the read was charged each death (10 of 10
+    # dead-lettered at max_deliveries 3): suspects did not run alone on the event loop.
+    payloads = [{"n": n, "sleep": 0.3} for n in range(10)]
+    payloads[4] = {"exit": True}
+    ids = publish_raw(redis, "aexits", payloads)
+    redis.xgroup_create("aexits", "g", id="0")
+    letters = _settle(redis, run_consumer, "aexits", 10, "--concurrency", "4")
+    assert letters == [(ids[4], "3")]
+    assert Counter(listed(redis, "started", "aexits", "g"))[ids[4]] == 3
+    assert sorted(set(listed(redis, "handled", "aexits", "g"))) == sorted(ids[:4] + ids[5:])
+
+
+def test_a_death_in_a_chunk_of_several_charges_none_of_them(redis, run_consumer):
+    # F2 and F3 of the re-trial: fast handlers run many entries per chunk; the killer's death charged its
+    # whole chunk, entries that had returned before it and entries that never started, and with
+    # max_deliveries 1 dead-lettered them all. Now nobody is charged for a death in a chunk of several;
+    # each then runs alone, and the killer's next death is charged to it.
+    payloads = [{"n": n} for n in range(300)]  # the first ones grow the chunks (loop._adapt_chunk)
+    payloads[200] = {"exit": True}
+    ids = publish_raw(redis, "exitsonce", payloads)
+    redis.xgroup_create("exitsonce", "g", id="0")
+    letters = _settle(redis, run_consumer, "exitsonce", 300, "--threads", "1")
+    assert letters == [(ids[200], "1")]
+    assert sorted(set(listed(redis, "handled", "exitsonce", "g"))) == sorted(ids[:200] + ids[201:])
+    assert Counter(listed(redis, "started", "exitsonce", "g"))[ids[200]] <= 2  # one free death at most
+
+
+def test_a_suspect_runs_alone_after_the_acks_of_what_ran_beside_it(redis, run_consumer):
+    # F4 of the re-trial: a taken-over suspect ran beside other handlers (which its death then charged), and
+    # entries that had succeeded were not acked before it ran, so they ran again after each of its deaths.
+    payloads = [{"n": n, "sleep": 0.2} for n in range(40)]
+    payloads[0] = {"exit": True}
+    ids = publish_raw(redis, "exitsalone", payloads)
+    redis.xgroup_create("exitsalone", "g", id="0")
+    letters = _settle(redis, run_consumer, "exitsalone", 40, "--threads", "4")
+    assert letters == [(ids[0], "3")]
+    events = [e.split() for e in redis.lrange("events:exitsalone", 0, -1)]
+    killer_runs = [i for i, (kind, entry, _) in enumerate(events) if kind == "s" and entry == ids[0]]
+    assert len(killer_runs) == 3
+    for at in killer_runs[1:]:  # the runs as a suspect
+        pid = events[at][2]
+        here = [(kind, entry) for kind, entry, p in events if p == pid]
+        before = [(kind, entry) for kind, entry, p in events[:at] if p == pid]
+        started = Counter(entry for kind, entry in before if kind == "s")
+        returned = Counter(entry for kind, entry in before if kind == "h")
+        assert started == returned, f"running beside the suspect: {started - returned}"
+        assert here[-1] == ("s", ids[0]), f"started after the suspect in its worker: {here[here.index(('s', ids[0])):]}"
+        later = Counter(entry for kind, entry, _ in events[at:] if kind == "s")
+        assert not set(returned) & set(later), f"succeeded before the suspect ran and ran again: {set(returned) & set(later)}"
+    assert sorted(set(listed(redis, "handled", "exitsalone", "g"))) == sorted(ids[1:])
