@@ -26,6 +26,11 @@ POLL_SECONDS = 0.005
 _holding = contextvars.ContextVar("shoal_alone", default=False)  # this thread or task runs a suspect
 
 
+def holding():
+    """True in the thread or task that runs a suspect alone (``run_alone``): a death now is its own."""
+    return _holding.get()
+
+
 class Gate:
     def __init__(self):
         self._cond = threading.Condition()

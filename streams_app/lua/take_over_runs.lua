@@ -2,11 +2,13 @@
 -- running (the run ledger, streams_app/consuming/runs.py).
 --
 -- A pending entry's count is its charged runs + 1 (the delivery it is on). Whoever held it either
--- ran it when it stopped answering (its id is in the holder's running record) or did not (it waited
--- for a thread, or its handler had returned and its ack was not sent yet). So its charged runs are
--- count - 1, plus 1 if it was in a recorded chunk of one entry. A recorded chunk of several entries
--- charges none of them: which one was running is not known; they are handed back as suspects, run
--- alone, where a death is charged exactly. A holder with no record keeps no ledger: count = runs.
+-- had it in a running record when it stopped answering, or did not (it waited for a thread, or its
+-- handler had returned and its ack was not sent yet). So its charged runs are count - 1, plus 1 only
+-- if it was recorded running alone in its process (value '!' + its id: a suspect's run, alone.py).
+-- Any other recorded entry is charged nothing: beside other chunks, which one killed the process is
+-- not known (a neighbour may even be recorded and not yet started, or returned and not yet off the
+-- record); it is handed back as a suspect, runs alone, and a death then is charged to it exactly.
+-- A holder with no record keeps no ledger: count = runs.
 --
 -- KEYS: stream, then one running record per holder. ARGV: group, taker, min idle (ms), max
 -- deliveries, mode ('claim', or 'check': change nothing), then per holder (in KEYS order): its name,
@@ -26,9 +28,12 @@ while i <= #ARGV do
   -- expired: its count is taken as runs, as Redis counts them.
   local raw = (#record == 0) and 1 or 0
   for r = 2, #record, 2 do
+    local value = record[r]
+    local alone = string.sub(value, 1, 1) == '!'
+    if alone then value = string.sub(value, 2) end
     local ids = {}
-    for id in string.gmatch(record[r], '[^,]+') do ids[#ids + 1] = id end
-    for _, id in ipairs(ids) do marked[id] = (#ids == 1) and 1 or 0 end
+    for id in string.gmatch(value, '[^,]+') do ids[#ids + 1] = id end
+    for _, id in ipairs(ids) do marked[id] = (alone and #ids == 1) and 1 or 0 end
   end
   for j = i + 2, i + 1 + n do
     local id = ARGV[j]

@@ -103,6 +103,9 @@ async def dies_or_runs_async(message):
     await asyncio.to_thread(conn.rpush, f"events:{message.stream}", f"h {message.id} {os.getpid()}")
 
 
+consumer("aexitsonce", group="g", max_deliveries=1, retry_backoff=0.1)(dies_or_runs_async)
+
+
 @consumer("idem", group="r", idempotent="redis", retry_backoff=0.05)
 def idempotent_in_redis(message):
     behave(message)
