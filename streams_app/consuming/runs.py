@@ -178,10 +178,11 @@ def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=
     holders = [h for h, ids in held.items() if ids]
     if not holders:
         return [], []
-    args = [group, taker, int(min_idle), max_deliveries, "check" if check else "claim"]
+    args = [group, taker, int(min_idle), max_deliveries, "check" if check else "claim", RECORD_TTL_MS]
     for holder in holders:
         args += [holder, len(held[holder]), *held[holder]]
-    keys = [stream, *(running_key(stream, group, h) for h in holders)]
+    # The taker's record: the suspects it claims are written into it (take_over_runs.lua).
+    keys = [stream, running_key(stream, group, taker), *(running_key(stream, group, h) for h in holders)]
     claimed, over = scripts.run(conn, "take_over_runs", keys, args)
     entries = [(to_text(i), _fields(f), int(count), bool(suspect)) for i, f, count, suspect in claimed]
     return entries, [to_text(i) for i in over]

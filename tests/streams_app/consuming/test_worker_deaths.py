@@ -123,6 +123,24 @@ def test_async_neighbours_of_a_killer_are_never_charged_its_death(redis, run_con
     assert sorted(set(listed(redis, "handled", "aexitsonce", "g"))) == sorted(ids[:25] + ids[26:])
 
 
+def test_killers_read_together_are_each_dead_lettered_and_nothing_else(redis, run_consumer):
+    # The re-trial of the "charged only alone" rule: four killers read together at max_deliveries 1 were never
+    # dead-lettered (14 runs each and counting): the worker that took them over died of one of them before
+    # running the others alone, and the next ran those in ordinary chunks, where a death is charged to nobody.
+    # A suspect now stays one until it has run alone (the claim writes it into the taker's record).
+    payloads = [{"n": n, "sleep": 0.05} for n in range(40)]
+    for n in (10, 11, 12, 13):
+        payloads[n] = {"exit": True}
+    ids = publish_raw(redis, "exitsonce", payloads)
+    redis.xgroup_create("exitsonce", "g", id="0")
+    letters = _settle(redis, run_consumer, "exitsonce", 40, "--threads", "4")
+    killers = [ids[n] for n in (10, 11, 12, 13)]
+    assert sorted(letters) == sorted((k, "1") for k in killers)
+    started = Counter(listed(redis, "started", "exitsonce", "g"))
+    assert all(started[k] <= 2 for k in killers), {k: started[k] for k in killers}  # max_deliveries + 1
+    assert sorted(set(listed(redis, "handled", "exitsonce", "g"))) == sorted(set(ids) - set(killers))
+
+
 def test_a_death_in_a_chunk_of_several_charges_none_of_them(redis, run_consumer):
     # F2 and F3 of the re-trial: fast handlers run many entries per chunk; the killer's death charged its
     # whole chunk, entries that had returned before it and entries that never started, and with
