@@ -88,5 +88,8 @@ def members_key(logical_stream, group):
 
 def running_key(stream, group, consumer):
     """What ``consumer`` of ``group`` is running right now (a hash, one field per chunk, with a TTL):
-    read by whoever takes its entries over, to charge a run only to those (consuming/runs.py)."""
+    read by whoever takes its entries over, to charge a run only to those (consuming/runs.py). A name
+    that is not UTF-8 (another client's, given as the bytes Redis holds) makes a key of those bytes."""
+    if isinstance(consumer, bytes):
+        return f"{hash_tag(stream)}:running:{group}:".encode() + consumer
     return f"{hash_tag(stream)}:running:{group}:{consumer}"

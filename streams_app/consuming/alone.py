@@ -12,10 +12,13 @@ then runs all the same.
 """
 import asyncio
 import contextvars
+import logging
 import threading
 import time
 
 from streams_app.consuming.eventloop import FinishInThread
+
+logger = logging.getLogger("streams_app.consumer")
 
 # Longest a suspect waits for the other chunks to end and their acks to be sent.
 ALONE_WAIT_SECONDS = 10.0
@@ -23,7 +26,15 @@ ALONE_WAIT_SECONDS = 10.0
 # threads the running chunks' own blocking steps need (asyncio.to_thread).
 POLL_SECONDS = 0.005
 
-_holding = contextvars.ContextVar("shoal_alone", default=False)  # this thread or task runs a suspect
+# This thread or task runs a suspect: "alone" (nothing else of the process ran as it started, nor
+# can start: a death now is its own), or "late" (it waited ALONE_WAIT_SECONDS and runs beside others).
+_holding = contextvars.ContextVar("shoal_alone", default="")
+
+
+def holding():
+    """True in the thread or task that runs a suspect alone (``run_alone``), with nothing else of the
+    process running: a death now is its own (not after a late start beside others)."""
+    return _holding.get() == "alone"
 
 
 class Gate:
@@ -72,20 +83,27 @@ class Gate:
 
     def _take(self, late):
         """Under the lock: the waiting suspect's turn starts, if no other suspect runs and (unless
-        ``late``: it waited ALONE_WAIT_SECONDS) no other chunk runs and no ack of one waits."""
+        ``late``: it waited ALONE_WAIT_SECONDS) no other chunk runs and no ack of one waits. Returns
+        "alone" (no other chunk runs) or "late" (others still run beside it), else "" (not yet)."""
         if self._alone or ((self._running or self._unacked) and not late):
-            return False
+            return ""
         self._alone = True
         self._wanted -= 1
-        return True
+        if self._running:
+            logger.warning("A suspect (an entry that was running when a worker died) waited %g s for %d other "
+                           "chunks to end and runs beside them: a death now is charged to nobody",
+                           ALONE_WAIT_SECONDS, self._running)
+            return "late"
+        return "alone"
 
     def wait_alone(self):
         """Blocks until this suspect runs alone; pair with ``release``."""
         deadline = time.monotonic() + ALONE_WAIT_SECONDS
         with self._cond:
             self._wanted += 1
-            while not self._take(time.monotonic() >= deadline):
+            while not (how := self._take(time.monotonic() >= deadline)):
                 self._cond.wait(timeout=max(0.001, min(0.1, deadline - time.monotonic())))
+        return how
 
     async def wait_alone_async(self):
         """``wait_alone`` on the event loop: polls, so no thread waits (the loop's threads run the others)."""
@@ -95,8 +113,8 @@ class Gate:
         try:
             while True:
                 with self._cond:
-                    if self._take(time.monotonic() >= deadline):
-                        return
+                    if how := self._take(time.monotonic() >= deadline):
+                        return how
                 await asyncio.sleep(POLL_SECONDS)
         except BaseException:
             with self._cond:
@@ -118,8 +136,7 @@ class Gate:
 
     def run_alone(self, run, *args):
         """``run(*args)`` (a chunk of one suspect) alone; returns its ChunkResult."""
-        self.wait_alone()
-        token = _holding.set(True)
+        token = _holding.set(self.wait_alone())
         result = None
         try:
             result = run(*args)
@@ -129,8 +146,7 @@ class Gate:
             self.release(result is not None and bool(result.acked))
 
     async def run_alone_async(self, run, *args):
-        await self.wait_alone_async()
-        token = _holding.set(True)
+        token = _holding.set(await self.wait_alone_async())
         try:
             result = await run(*args)
         except BaseException:

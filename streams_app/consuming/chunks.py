@@ -163,7 +163,7 @@ def _started(chunk, runs):
     """Record the chunk as running before anything of it runs (runs.RunLedger; raises RunsNotRecorded)."""
     if runs is not None:
         try:
-            runs.started(chunk.messages)
+            runs.started(chunk.messages, alone=alone.holding())
         except BaseException:
             chunk.abandon()
             raise
@@ -370,7 +370,7 @@ async def _run_chunk_async_here(handler, messages, guard, budget, runs):
             runnable = await asyncio.to_thread(chunk.admit, runnable)
         if runs is not None:  # after the guard's admission, as run_chunk_here
             try:
-                await runs.started_async(chunk.messages)
+                await runs.started_async(chunk.messages, alone=alone.holding())
             except RunsNotRecorded:
                 chunk.abandon()
                 raise

@@ -20,20 +20,19 @@ So the cost is paid at takeover, not per entry:
   never charged, should the process die before the read loop's ack.
 - Whoever takes over a consumer's entries (the takeovers of takeover.py, the reclaim daemon's check of
   what is over max_deliveries) reads its running record in the same Lua script (take_over_runs.lua):
-  an entry recorded in a chunk of one was running when its holder died: charged (runs = count);
-  any other entry was not: runs = count - 1. A holder with no record keeps no ledger (Redis's
-  counts, a client outside Shoal): runs = count. Entries of a recorded chunk of several are charged
-  nothing (which of them was running is not known), but like a charged one they are suspects: each
-  runs alone (chunks.run_suspect), after what succeeded beside it is acked, so a death then is
-  charged to it exactly.
+  an entry recorded as running alone in its process (a suspect's run, alone.py; value '!' + its id)
+  was what killed its holder: charged (runs = count). Any other entry was not charged: runs = count - 1.
+  A holder with no record keeps no ledger (Redis's counts, a client outside Shoal): runs = count.
+  Every recorded entry is a suspect: it runs alone (chunks.run_suspect), after what succeeded beside it
+  is acked, so a death then is charged to it exactly.
 
-What a death charges is then: each entry that was running alone in its chunk (a handler slower than
-``loop.CHUNK_TARGET_SECONDS`` runs one message per chunk; an ``async def`` handler always does),
-including entries of other threads or coroutines that were running beside the one that killed the
-process. Nothing else; in particular nothing for a death in a chunk of several (the killer then runs
-alone, and its next death is charged). Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL
-when it ends, whatever the chunk's size; a script with per-entry work only for failed entries and at
-takeover.
+Why only alone: beside other runs, which one killed the process is not known, and the record is a
+moment off the truth at both ends (a chunk is recorded just before its handlers start and leaves just
+after they return; async chunks of one turn are recorded together). Charging chunks of one there
+dead-lettered, at max_deliveries 1, neighbours that never started or had returned (a user trial). So a
+death is charged only to a suspect's run, and a killer runs max_deliveries + 1 times at most: its first
+death, beside others, is free. Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL when it
+ends, whatever its size; a script with per-entry work only for failed entries and at takeover.
 """
 import asyncio
 import logging
@@ -69,7 +68,7 @@ class RunLedger:
         self.consumer = consumer
         # retried(outcome): a failed outcome ran and will be retried (one dead-lettered keeps the count it failed at)
         self.retried = retried
-        self._batch = []  # (messages, future) of async chunks to record in the next write (started_async)
+        self._batch = []  # (messages, alone, future) of async chunks to record in the next write (started_async)
         self._charged = set()  # first ids of chunks charged at maxmemory instead of recorded (_charge)
         self.key = running_key(stream, group, consumer)
 
@@ -81,18 +80,19 @@ class RunLedger:
         except ERRORS:
             pass
 
-    def started(self, messages):
-        """Before ``messages`` run: recorded as running (raises RunsNotRecorded).
+    def started(self, messages, alone=False):
+        """Before ``messages`` run: recorded as running (raises RunsNotRecorded). ``alone``: they run alone
+        in the process (a suspect's run, alone.py): only such a run is charged a death.
 
         Not run unrecorded: a message that kills its worker would otherwise never reach max_deliveries.
         """
         if messages:
-            self._mark([messages])
+            self._mark([(messages, alone)])
 
     def _mark(self, chunks):
         args = [RECORD_TTL_MS]
-        for messages in chunks:
-            args += [messages[0].id, ",".join(m.id for m in messages)]
+        for messages, alone in chunks:
+            args += [messages[0].id, ("!" if alone else "") + ",".join(m.id for m in messages)]
         try:
             try:
                 scripts.run(self.conn, "runs_mark", [self.key], args)
@@ -101,15 +101,15 @@ class RunLedger:
                     raise
                 self._charge(chunks)
         except ERRORS as exc:
-            raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+            raise RunsNotRecorded(f"could not record the start of {sum(len(messages) for messages, _ in chunks)} entries: {exc}") from exc
 
     def _charge(self, chunks):
         """At maxmemory (the record's HSET refused, XCLAIM allowed): each entry of the chunks is charged its
         run before it starts (count = runs + 2, so a takeover finds runs + 1), and set back as it ends
         (``finished``), as the ledger did per entry before it was paid at takeover. Such chunks are not
         suspects after a death, and the whole chunk is charged."""
-        self._set_counts((m.id, m.deliveries + 1) for messages in chunks for m in messages)
-        self._charged.update(messages[0].id for messages in chunks)
+        self._set_counts((m.id, m.deliveries + 1) for messages, _ in chunks for m in messages)
+        self._charged.update(messages[0].id for messages, _ in chunks)
 
     def _set_counts(self, pairs):
         by_count = {}
@@ -122,11 +122,11 @@ class RunLedger:
             args += [count, len(ids), *ids]
         scripts.run(self.conn, "set_runs", [self.stream], args)
 
-    async def started_async(self, messages):
+    async def started_async(self, messages, alone=False):
         """``started`` on the event loop: the chunks that start in one turn of the loop are recorded
         together, in one write from one thread (a hop to a thread per message would cap async groups)."""
         future = asyncio.get_running_loop().create_future()
-        self._batch.append((messages, future))
+        self._batch.append((messages, alone, future))
         if len(self._batch) == 1:
             asyncio.get_running_loop().create_task(self._mark_batch())
         await future
@@ -135,15 +135,15 @@ class RunLedger:
         await asyncio.sleep(0)  # the other chunks starting in this turn join the batch
         batch, self._batch = self._batch, []
         try:
-            await asyncio.to_thread(self._mark, [messages for messages, _ in batch])
+            await asyncio.to_thread(self._mark, [(messages, alone) for messages, alone, _ in batch])
         except BaseException as exc:
-            for _, future in batch:
+            for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for _, future in batch:
+        for _, _, future in batch:
             if not future.done():
                 future.set_result(None)
 
@@ -178,10 +178,11 @@ def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=
     holders = [h for h, ids in held.items() if ids]
     if not holders:
         return [], []
-    args = [group, taker, int(min_idle), max_deliveries, "check" if check else "claim"]
+    args = [group, taker, int(min_idle), max_deliveries, "check" if check else "claim", RECORD_TTL_MS]
     for holder in holders:
         args += [holder, len(held[holder]), *held[holder]]
-    keys = [stream, *(running_key(stream, group, h) for h in holders)]
+    # The taker's record: the suspects it claims are written into it (take_over_runs.lua).
+    keys = [stream, running_key(stream, group, taker), *(running_key(stream, group, h) for h in holders)]
     claimed, over = scripts.run(conn, "take_over_runs", keys, args)
     entries = [(to_text(i), _fields(f), int(count), bool(suspect)) for i, f, count, suspect in claimed]
     return entries, [to_text(i) for i in over]

@@ -93,7 +93,7 @@ class TakeOver:
                     wanted[entry_id] = deliveries
             if wanted:
                 min_idle = int(backoff_seconds(1, self.retry_base, self.retry_cap) * 1000)
-                got = self._claim(min_idle, {name: list(wanted)}, wanted)
+                got = self._claim(min_idle, {holders[name]: list(wanted)}, wanted)  # the bytes Redis holds
                 if got:
                     logger.info("Consumer %s: took over %d entries of dead consumer %s on %s/%s",
                                 self.consumer, len(got), name, self.stream, self.group)

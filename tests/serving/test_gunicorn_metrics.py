@@ -82,6 +82,10 @@ def test_metrics_cover_every_worker_with_no_variable_preset(gunicorn):
     # As a user starts it: nothing in the environment says where the multiprocess files go.
     server = without_probes(gunicorn, workers=2)
     assert "PROMETHEUS_MULTIPROC_DIR" not in server.env
+    # Each worker's boot check is a request too: counted once both said they are ready (a clean-clone
+    # run read the count while the second still booted, and counted its check as one of the test's).
+    wait_for(lambda: ready_workers(server) >= 2 and every_booted_worker_ready(server), timeout=60,
+             what="both workers ready")
     before = requests_counted(server)
     for _ in range(40):  # new connections: the kernel spreads them over both workers
         assert server.get("/healthz")[0] == 200
