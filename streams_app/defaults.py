@@ -32,8 +32,8 @@ SETTINGS = (
     Setting("COUNT_HANDLER_RUNS", True, BOOLEAN,
             "Delivery counts follow handler runs, so a worker's death charges only the entries it was running "
             "and max_deliveries never dead-letters an entry for runs it never had (docs/failures.md). It costs a small "
-            "Redis write when a chunk starts and one when it ends: False keeps Redis's own counts (a death charges "
-            "every entry of the worker's reads) for no-op handlers' last bit of throughput (bench/README.md)."),
+            "Redis write per read and an HDEL riding with the acks: False keeps Redis's own counts (a death charges "
+            "every entry of the worker's reads) and saves that round trip (bench/README.md)."),
     Setting("CLAIM_INTERVAL_MS", 10_000, MILLISECONDS_INT,
             "How often a consumer looks for abandoned entries (XAUTOCLAIM) and for its own failed ones."),
     Setting("SHUTDOWN_TIMEOUT", 30.0, POSITIVE_NUMBER,

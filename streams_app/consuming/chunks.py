@@ -405,9 +405,9 @@ async def _run_chunk_async_here(handler, messages, guard, budget, runs):
         raise
     if chunk.errored:
         _db.after_failure = True  # the error that broke a connection is almost always the handler's own
-    if guard is not None or runs is not None:
+    if guard is not None or (runs is not None and runs.writes_at_end(chunk.result)):
         return FinishInThread(functools.partial(_end_guard_and_close, chunk, left, runs))
-    return chunk.close(left)
+    return _finished(chunk.close(left), runs, chunk.messages)
 
 
 def _end_guard_and_close(chunk, left, runs=None):

@@ -302,9 +302,15 @@ class GroupLoop(TakeOver):
         pipe = self.reader.pipeline(transaction=False)
         if acks:
             pipe.xack(self.stream, self.group, *acks)
+        ended = self._send_ended(pipe)
         pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
         pipe.exists(self.settling)
-        replies = pipe.execute(raise_on_error=False)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            if ended:
+                self.runs.not_sent(ended)
+            raise
         if acks and not isinstance(replies[0], Exception):
             self._acked(len(acks))
         error = next((r for r in replies if isinstance(r, Exception)), None)
@@ -380,7 +386,15 @@ class GroupLoop(TakeOver):
         chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
         # Without the run ledger (ordered mode's run_in_order takes no ``runs``), four arguments.
         extra = () if self.runs is None else (self.runs,)
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *extra) for chunk in chunks]
+        ahead = extra
+        if chunks and self.runs is not None:
+            try:
+                ahead = (self.runs.record(chunks),)  # one write for the read, before any of it runs
+            except RunsNotRecorded as exc:
+                logger.warning("Consumer %s: %s of %s/%s; retried", self.consumer, exc, self.stream, self.group)
+                self._not_run(messages)
+                chunks = []
+        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *ahead) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
@@ -532,11 +546,33 @@ class GroupLoop(TakeOver):
         self.chunk_size = max(1, min(self.max_chunk, ideal))
 
     def flush_acks(self):
-        if not self.to_ack:
+        ended = self.runs is not None and self.runs.has_ended()
+        if not self.to_ack and not ended:
             return
         # Ids stay queued until XACK succeeds: an ack lost to a connection error is retried.
-        self.conn.xack(self.stream, self.group, *self.to_ack)
-        self._acked(len(self.to_ack))
+        if not ended:
+            self.conn.xack(self.stream, self.group, *self.to_ack)
+            self._acked(len(self.to_ack))
+            return
+        acks = self.to_ack
+        pipe = slot_pipeline(self.conn, self.stream)  # the running record shares the stream's slot
+        if acks:
+            pipe.xack(self.stream, self.group, *acks)
+        fields = self._send_ended(pipe)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            self.runs.not_sent(fields)
+            raise
+        if acks:
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            self._acked(len(acks))
+
+    def _send_ended(self, pipe):
+        """Chunks that ended leave the running record (runs.py) in the round trip of their acks: best
+        effort (a field left behind names entries acked, or pending and then run alone after a death)."""
+        return self.runs.send_ended(pipe) if self.runs is not None else ()
 
     def _acked(self, count):
         self.handled += count

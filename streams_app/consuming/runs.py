@@ -9,15 +9,19 @@ So the cost is paid at takeover, not per entry:
 
 - Each pending entry's count is its charged runs + 1: the delivery it is on is not charged yet.
   XREADGROUP gives 1; a retry's XCLAIM sets runs + 1 (RETRYCOUNT); a refused delivery leaves it.
-- ``started`` (handler thread, before a chunk's handlers run): one HSET records the chunk's ids in
-  the consumer's running record (keys.running_key: a hash in the stream's slot, one field per chunk,
-  expiring after RECORD_TTL_MS; field "-" says the consumer keeps a ledger). Entries waiting for a
-  thread are not in it. On the event loop (``started_async``) the chunks that start in one turn
-  share one write.
-- ``finished`` (right after the handlers return, before the result goes back to the read loop): the
-  chunk's field is deleted, and each entry that failed and will be retried is charged its run
-  (count = runs + 1) in the same script (runs_done.lua). An entry whose handler returned is thus
-  never charged, should the process die before the read loop's ack.
+- ``record`` (the read loop, as it hands a read's chunks to the handler threads): one HSET records
+  every chunk's ids in the consumer's running record (keys.running_key: a hash in the stream's slot,
+  one field per chunk, expiring after RECORD_TTL_MS; field "-" says the consumer keeps a ledger).
+  So an entry waiting for a free thread is in it too: should the process die, it is a suspect (runs
+  alone, charged nothing), never charged. One write per read, not one per chunk from each thread.
+- ``finished`` (right after the handlers return, before the result goes back to the read loop): a
+  chunk with an entry that failed and will be retried leaves the record at once, and that entry is
+  charged its run (count = runs + 1) in the same script (runs_done.lua). Any other chunk's field
+  leaves with the read loop's next XACK, in its round trip (``ended``/``send_ended``): until then its
+  entries are pending and recorded, and a death charges them nothing.
+- A suspect's run (alone.py), and every chunk when Redis refuses the read loop's write at maxmemory,
+  records itself from its handler thread instead (``started``, ``started_async``: the async chunks that
+  start in one turn share one write) and leaves at once in ``finished``.
 - Whoever takes over a consumer's entries (the takeovers of takeover.py, the reclaim daemon's check of
   what is over max_deliveries) reads its running record in the same Lua script (take_over_runs.lua):
   an entry recorded as running alone in its process (a suspect's run, alone.py; value '!' + its id)
@@ -26,16 +30,19 @@ So the cost is paid at takeover, not per entry:
   Every recorded entry is a suspect: it runs alone (chunks.run_suspect), after what succeeded beside it
   is acked, so a death then is charged to it exactly.
 
-Why only alone: beside other runs, which one killed the process is not known, and the record is a
-moment off the truth at both ends (a chunk is recorded just before its handlers start and leaves just
-after they return; async chunks of one turn are recorded together). Charging chunks of one there
-dead-lettered, at max_deliveries 1, neighbours that never started or had returned (a user trial). So a
+Why only alone: beside other runs, which one killed the process is not known, and the record is off the
+truth at both ends (a read's chunks are recorded before they get a thread, and leave with their acks).
+Charging chunks of one there dead-lettered, at max_deliveries 1, neighbours that never started or had
+returned (a user trial). So a
 death is charged only to a suspect's run, and a killer runs max_deliveries + 1 times at most: its first
-death, beside others, is free. Costs: one HSET (with PEXPIRE) when a chunk starts and one HDEL when it
-ends, whatever its size; a script with per-entry work only for failed entries and at takeover.
+death, beside others, is free. Costs: one script (HSET, PEXPIRE) per read and one HDEL riding in the
+next ack's round trip, whatever the chunks' sizes; a script with per-entry work only for retried
+failures and at takeover. (Written from the handler threads, one HSET and one HDEL per chunk, the
+ledger cost a no-op consumer 30% of its throughput: bench/README.md.)
 """
 import asyncio
 import logging
+import threading
 
 import redis
 
@@ -70,7 +77,10 @@ class RunLedger:
         self.retried = retried
         self._batch = []  # (messages, alone, future) of async chunks to record in the next write (started_async)
         self._charged = set()  # first ids of chunks charged at maxmemory instead of recorded (_charge)
+        self._ended = []  # fields of chunks recorded by ``record`` that ended, to delete with the next ack
+        self._ended_lock = threading.Lock()  # appended from handler threads, sent from the read loop
         self.key = running_key(stream, group, consumer)
+        self.ahead = RecordedAhead(self)
 
     def begin(self):
         """The loop starts: its record says from now on that this consumer keeps a ledger (a holder with
@@ -79,6 +89,54 @@ class RunLedger:
             scripts.run(self.conn, "runs_mark", [self.key], [RECORD_TTL_MS])
         except ERRORS:
             pass
+
+    def record(self, chunks):
+        """The read loop hands ``chunks`` (lists of messages) to the handler threads: recorded as running
+        in one write. Returns the ledger the chunks are to run with: ``self.ahead`` (recorded), or this
+        ledger when Redis refused the write at maxmemory (each chunk then records or charges itself as it
+        starts, ``started``). Raises RunsNotRecorded when Redis did not answer: none of them may run."""
+        args = [RECORD_TTL_MS]
+        for messages in chunks:
+            args += [messages[0].id, ",".join(m.id for m in messages)]
+        self._forget(args[1::2])
+        try:
+            scripts.run(self.conn, "runs_mark", [self.key], args)
+        except redis.ResponseError as exc:
+            if is_oom(exc):
+                return self
+            raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+        except ERRORS as exc:
+            raise RunsNotRecorded(f"could not record the start of {sum(map(len, chunks))} entries: {exc}") from exc
+        return self.ahead
+
+    def ended(self, field):
+        """A chunk ``record`` recorded has ended (a handler thread): its field goes with the next ack."""
+        with self._ended_lock:
+            self._ended.append(field)
+
+    def _forget(self, fields):
+        """Fields written again now must not be deleted by an HDEL queued before (an entry can head two
+        chunks in turn: a retry)."""
+        if self._ended:
+            again = set(fields)
+            with self._ended_lock:
+                self._ended = [f for f in self._ended if f not in again]
+
+    def has_ended(self):
+        return bool(self._ended)
+
+    def send_ended(self, pipe):
+        """Add the HDEL of the ended chunks' fields to ``pipe`` (a pipeline on the stream's node, with the
+        acks). Returns the fields; hand them back to ``not_sent`` if the pipeline failed."""
+        with self._ended_lock:
+            fields, self._ended = self._ended, []
+        if fields:
+            pipe.hdel(self.key, *fields)
+        return fields
+
+    def not_sent(self, fields):
+        with self._ended_lock:
+            self._ended[:0] = fields
 
     def started(self, messages, alone=False):
         """Before ``messages`` run: recorded as running (raises RunsNotRecorded). ``alone``: they run alone
@@ -93,6 +151,7 @@ class RunLedger:
         args = [RECORD_TTL_MS]
         for messages, alone in chunks:
             args += [messages[0].id, ("!" if alone else "") + ",".join(m.id for m in messages)]
+        self._forget(args[1::2])
         try:
             try:
                 scripts.run(self.conn, "runs_mark", [self.key], args)
@@ -147,6 +206,9 @@ class RunLedger:
             if not future.done():
                 future.set_result(None)
 
+    def writes_at_end(self, result):
+        return True
+
     def finished(self, result, messages):
         """Right after the chunk (a ChunkResult of ``messages``): off the running record; each failed
         entry that is retried is charged its run. Best effort: should Redis not answer, the chunk's
@@ -168,6 +230,31 @@ class RunLedger:
             logger.warning("Consumer %s: could not record the end of %d entries of %s/%s: %s", self.consumer,
                            len(messages), self.stream, self.group, exc)
 
+
+
+class RecordedAhead:
+    """The ledger as the chunks that ``RunLedger.record`` recorded see it: nothing to write as they start;
+    as they end, a chunk with a retried failure writes at once (runs_done.lua charges the failure), any
+    other leaves the record with the read loop's next ack."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+
+    def started(self, messages, alone=False):
+        pass
+
+    async def started_async(self, messages, alone=False):
+        pass
+
+    def writes_at_end(self, result):
+        """Whether ``finished`` would call Redis (an async chunk then finishes in a thread, off the loop)."""
+        return bool(result.failed)
+
+    def finished(self, result, messages):
+        if messages and not any(self.ledger.retried(o) for o in result.failed):
+            self.ledger.ended(messages[0].id)
+        else:
+            self.ledger.finished(result, messages)
 
 
 def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=False):

@@ -246,8 +246,8 @@ def test_successful_handlers_pay_no_failure_round_trips(redis, make_loop):
     stats = redis.info("commandstats")
     used = {name.removeprefix("cmdstat_") for name in stats}
     assert used & {"eval", "expire", "set", "xautoclaim", "xpending", "xclaim"} == set(), used
-    # What they do pay is the run ledger (runs.py): an HSET (runs_mark.lua) when a chunk starts and an
-    # HDEL when it ends, never a command per message once chunks hold several.
+    # What they do pay is the run ledger (runs.py): an HSET (runs_mark.lua) per read and an HDEL with the
+    # acks, never a command per message (tests/streams_app/consuming/test_run_record.py: per read).
     calls = {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "hset", "hdel")}
     assert max(calls.values()) < 300, calls
 
