@@ -1,6 +1,7 @@
 """publish(..., outbox=True, run_after=...): the row commits with the caller's transaction, the relay
 schedules it, the consumers' mover delivers it when due (streams_app/scheduled.py, outbox/relay.py)."""
 import json
+import math
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -32,7 +33,9 @@ def test_a_deferred_outbox_message_commits_with_the_row_and_the_relay_schedules_
     assert key == "order-1"  # an outbox publish returns the key, deferred or not
     row = OutboxMessage.objects.get()
     due = int(row.fields["shoal:run_after"])
-    assert before + 30_000 <= due <= time.time() * 1000 + 30_000  # fixed at the publish call, by its clock
+    # Fixed at the publish call, by its clock, rounded up to the ms (so compared with the next ms up: it
+    # failed when the check came within the same millisecond).
+    assert before + 30_000 <= due <= math.ceil(time.time() * 1000) + 30_000
     assert not redis.exists("orders", scheduled_key("orders"))
     relay.tick()
     row.refresh_from_db()
