@@ -231,7 +231,8 @@ class Reclaimer:
     def remove_idle_consumers(self, spec, report):
         """XGROUP DELCONSUMER for consumers with nothing pending, idle past DEAD_CONSUMER_IDLE."""
         min_idle = int(self.config["DEAD_CONSUMER_IDLE"] * 1000)
-        names = scripts.run(self.conn, "remove_idle_consumers", [spec.stream], [spec.group, min_idle])
+        names = scripts.run(self.conn, "remove_idle_consumers", [spec.stream],
+                            [spec.group, min_idle, keys.running_key(spec.stream, spec.group, "")])
         removed = [_str(n) for n in names]  # for the report and the log; Redis is given the bytes it gave
         if removed:
             liveness.forget(self.conn, [spec.stream], None, names=names)

@@ -37,6 +37,11 @@ def holding():
     return _holding.get() == "alone"
 
 
+def suspect_run():
+    """True in the thread or task that runs a suspect (alone, or late beside others)."""
+    return bool(_holding.get())
+
+
 class Gate:
     def __init__(self):
         self._cond = threading.Condition()

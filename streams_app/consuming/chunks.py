@@ -170,10 +170,11 @@ def _started(chunk, runs):
         chunk.started = time.perf_counter()  # chunk sizes follow handler time, not this round trip
 
 
-def _finished(result, runs, messages):
-    """Off the running record now, from this thread: a death of the process later does not charge it."""
+def _finished(result, runs, messages, suspect=None):
+    """Off the running record now, from this thread: a death of the process later does not charge it.
+    ``suspect``: the chunk is a suspect's run (alone.suspect_run(), asked where the chunk ran)."""
     if runs is not None:
-        runs.finished(result, messages)
+        runs.finished(result, messages, suspect=alone.suspect_run() if suspect is None else suspect)
     return result
 
 
@@ -406,10 +407,11 @@ async def _run_chunk_async_here(handler, messages, guard, budget, runs):
     if chunk.errored:
         _db.after_failure = True  # the error that broke a connection is almost always the handler's own
     if guard is not None or (runs is not None and runs.writes_at_end(chunk.result)):
-        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left, runs))
+        # A thread of the loop's pool does not see the task's context: whether this is a suspect's run is asked here.
+        return FinishInThread(functools.partial(_end_guard_and_close, chunk, left, runs, alone.suspect_run()))
     return _finished(chunk.close(left), runs, chunk.messages)
 
 
-def _end_guard_and_close(chunk, left, runs=None):
+def _end_guard_and_close(chunk, left, runs=None, suspect=False):
     chunk.end_guard()
-    return _finished(chunk.close(left), runs, chunk.messages)
+    return _finished(chunk.close(left), runs, chunk.messages, suspect)

@@ -42,7 +42,7 @@ from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, bac
 from streams_app.consuming.runs import RunLedger, RunsNotRecorded
 from streams_app.consuming.takeover import TakeOver
 from streams_app.deadletters import store as deadletters
-from streams_app.keys import dead_letter_key
+from streams_app.keys import dead_letter_key, running_key
 from streams_app.message import Message
 from streams_app.metrics import consumer as metrics
 
@@ -91,7 +91,8 @@ class GroupLoop(TakeOver):
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
         # Delivery counts follow handler runs (runs.py), unless STREAMS["COUNT_HANDLER_RUNS"] trades that for speed.
-        self.runs = RunLedger(conn, self.stream, self.group, consumer, self._retried) if config["COUNT_HANDLER_RUNS"] else None
+        self.runs = (RunLedger(conn, self.stream, self.group, consumer, self._retried, self._refused)
+                     if config["COUNT_HANDLER_RUNS"] else None)
         # A chunk stops starting messages after this long (see run_chunk): well inside the pending
         # timeout, so finished entries are acked long before anyone could take them over.
         self.chunk_budget = min(1.0, self.pending_timeout_ms / 1000 / 10)
@@ -122,6 +123,7 @@ class GroupLoop(TakeOver):
 
         self.chunks = {}  # future -> the messages it is handling
         self.suspects = set()  # ids taken over from a dead or stuck consumer that had run them (takeover.py)
+        self.suspect_runs = set()  # suspects handed to a thread to run alone, until collected
         self.peers = (self,)  # the read loops sharing this one's handler pool (Worker.boot sets them all)
         self.completions = queue.SimpleQueue()
         self.to_ack = []
@@ -394,6 +396,10 @@ class GroupLoop(TakeOver):
                 logger.warning("Consumer %s: %s of %s/%s; retried", self.consumer, exc, self.stream, self.group)
                 self._not_run(messages)
                 chunks = []
+            if ahead[0] is self.runs:
+                # Refused at maxmemory: each chunk charges its entries while it runs (runs._charge), so a
+                # death then charges a whole chunk, returned entries included: chunks of one entry.
+                chunks = [[message] for chunk in chunks for message in chunk]
         argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *ahead) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
@@ -402,6 +408,7 @@ class GroupLoop(TakeOver):
             futures = [self.executor.submit(self.run_chunk, *args) for args in argsets]
         alone = run_suspect_async if self.spec.is_async else run_suspect
         for message in suspects:
+            self.suspect_runs.add(message.id)
             chunks.append([message])
             futures.append(self.executor.submit(alone, self.run_chunk, self.spec.handler, [message], self.guard,
                                                 self.chunk_budget, *extra))
@@ -424,11 +431,22 @@ class GroupLoop(TakeOver):
 
     def _finish(self, future):
         chunk = self.chunks.pop(future)
+        try:
+            self._take_result(chunk, future)
+        finally:
+            if self.suspect_runs:
+                self.suspect_runs.discard(chunk[0].id)
+
+    def _take_result(self, chunk, future):
         if self.burst_gate is not None:
             self.burst_gate.progressed()
         try:
             result = future.result()
         except BaseException as exc:  # run_chunk catches handler errors; this is a bug, a guard's Redis error or a cancel
+            if (is_oom(exc) or isinstance(exc, RunsNotRecorded)) and chunk[0].id in self.suspect_runs:
+                self.suspects.add(chunk[0].id)  # it ran nothing: a suspect still, in the record and here
+            elif self.runs is not None:
+                self.runs.ended(chunk[0].id)  # none of it runs any more (a field already gone is no matter)
             if is_oom(exc):  # the redis guard cannot set its marks at maxmemory: run these later
                 refusals.refused("idempotency", exc)
                 self._not_run(chunk)
@@ -447,6 +465,8 @@ class GroupLoop(TakeOver):
         if result.acked and self.runs is not None:
             self.acked_chunks += 1
         self.to_ack.extend(result.acked)
+        if result.ended is not None:
+            self.runs.ended(result.ended)  # off the running record in the round trip of these acks
         for outcome in result.failed:
             self.on_failure(outcome)
         if result.unrun:
@@ -458,6 +478,8 @@ class GroupLoop(TakeOver):
         """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
         message = outcome.message
         if isinstance(outcome.error, DuplicateInFlight):
+            if message.id in self.suspect_runs:
+                self.suspects.add(message.id)  # it ran nothing: its retry runs alone, as a suspect still
             self._not_run([message])  # another consumer runs the same key: this delivery ran nothing
             return
         poison = outcome.status is Status.POISON
@@ -467,6 +489,11 @@ class GroupLoop(TakeOver):
         else:
             self.errors.append((message.id, error, traceback))
             self._schedule_retry(message.id, message.deliveries)
+
+    @staticmethod
+    def _refused(outcome):
+        """Whether ``outcome`` ran no handler: its key was busy elsewhere (the redis guard)."""
+        return isinstance(outcome.error, DuplicateInFlight)
 
     def _retried(self, outcome):
         """Whether a failed ``outcome`` ran its handler and will be retried (on_failure's decision)."""
@@ -608,7 +635,8 @@ class GroupLoop(TakeOver):
         waiting for their retry) stays until another takes them over and the daemon removes it.
         """
         try:
-            left = scripts.run(self.conn, "leave_group", [self.stream], [self.group, self.consumer])
+            left = scripts.run(self.conn, "leave_group", [self.stream, running_key(self.stream, self.group, self.consumer)],
+                               [self.group, self.consumer])
         except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:  # Redis down, or the group gone with it
             logger.info("Consumer %s: could not leave %s/%s (%s); the reclaim daemon removes it later",
                         self.consumer, self.stream, self.group, exc)

@@ -38,6 +38,7 @@ class ChunkResult:
     because the chunk ran out of its time budget; still pending, the loop hands them out again.
     ``unrun``: messages never started that stay pending for a later delivery (ordered mode: those
     behind a failed one, or after the lease was lost); the loop takes back their delivery count.
+    ``ended``: see below.
     """
 
     acked: list = field(default_factory=list)
@@ -45,6 +46,9 @@ class ChunkResult:
     seconds_per_message: float = 0.0
     left: list = field(default_factory=list)
     unrun: list = field(default_factory=list)
+    # The run ledger's field of a chunk the read loop recorded (runs.RecordedAhead): the loop deletes it
+    # in the round trip of this chunk's acks.
+    ended: object = None
 
 
 def dead_lettered(outcome, max_deliveries):

@@ -17,8 +17,8 @@ So the cost is paid at takeover, not per entry:
 - ``finished`` (right after the handlers return, before the result goes back to the read loop): a
   chunk with an entry that failed and will be retried leaves the record at once, and that entry is
   charged its run (count = runs + 1) in the same script (runs_done.lua). Any other chunk's field
-  leaves with the read loop's next XACK, in its round trip (``ended``/``send_ended``): until then its
-  entries are pending and recorded, and a death charges them nothing.
+  leaves in the round trip of the chunk's own XACK (the read loop queues it with the acks: ``ended``,
+  ``send_ended``): until then its entries are pending and recorded, and a death charges them nothing.
 - A suspect's run (alone.py), and every chunk when Redis refuses the read loop's write at maxmemory,
   records itself from its handler thread instead (``started``, ``started_async``: the async chunks that
   start in one turn share one write) and leaves at once in ``finished``.
@@ -68,19 +68,24 @@ class RunsNotRecorded(Exception):
 class RunLedger:
     """The ledger of one group loop: its consumer's running record."""
 
-    def __init__(self, conn, stream, group, consumer, retried):
+    def __init__(self, conn, stream, group, consumer, retried, refused=lambda outcome: False):
         self.conn = conn
         self.stream = stream
         self.group = group
         self.consumer = consumer
         # retried(outcome): a failed outcome ran and will be retried (one dead-lettered keeps the count it failed at)
         self.retried = retried
+        # refused(outcome): no handler ran (the idempotency guard found its key busy elsewhere)
+        self.refused = refused
         self._batch = []  # (messages, alone, future) of async chunks to record in the next write (started_async)
         self._charged = set()  # first ids of chunks charged at maxmemory instead of recorded (_charge)
         self._ended = []  # fields of chunks recorded by ``record`` that ended, to delete with the next ack
         self._ended_lock = threading.Lock()  # appended from handler threads, sent from the read loop
         self.key = running_key(stream, group, consumer)
         self.ahead = RecordedAhead(self)
+        # This consumer's record exists in Redis (a write of it succeeded): a takeover then reads counts
+        # as runs + 1. Until then a takeover charges this holder by Redis's counts (take_over_runs.lua).
+        self.has_record = False
 
     def begin(self):
         """The loop starts: its record says from now on that this consumer keeps a ledger (a holder with
@@ -88,7 +93,8 @@ class RunLedger:
         try:
             scripts.run(self.conn, "runs_mark", [self.key], [RECORD_TTL_MS])
         except ERRORS:
-            pass
+            return
+        self.has_record = True
 
     def record(self, chunks):
         """The read loop hands ``chunks`` (lists of messages) to the handler threads: recorded as running
@@ -101,6 +107,7 @@ class RunLedger:
         self._forget(args[1::2])
         try:
             scripts.run(self.conn, "runs_mark", [self.key], args)
+            self.has_record = True
         except redis.ResponseError as exc:
             if is_oom(exc):
                 return self
@@ -110,7 +117,7 @@ class RunLedger:
         return self.ahead
 
     def ended(self, field):
-        """A chunk ``record`` recorded has ended (a handler thread): its field goes with the next ack."""
+        """A chunk ``record`` recorded has ended and the read loop took its acks: its field goes with them."""
         with self._ended_lock:
             self._ended.append(field)
 
@@ -155,6 +162,7 @@ class RunLedger:
         try:
             try:
                 scripts.run(self.conn, "runs_mark", [self.key], args)
+                self.has_record = True
             except redis.ResponseError as exc:
                 if not is_oom(exc):
                     raise
@@ -166,7 +174,12 @@ class RunLedger:
         """At maxmemory (the record's HSET refused, XCLAIM allowed): each entry of the chunks is charged its
         run before it starts (count = runs + 2, so a takeover finds runs + 1), and set back as it ends
         (``finished``), as the ledger did per entry before it was paid at takeover. Such chunks are not
-        suspects after a death, and the whole chunk is charged."""
+        suspects after a death, and the whole chunk is charged (the read loop runs such chunks one entry each).
+
+        Not when this consumer has no record in Redis (it started at maxmemory): a takeover charges such a
+        holder by Redis's counts already, and a raised count would charge each death twice (a user trial)."""
+        if not self.has_record:
+            return
         self._set_counts((m.id, m.deliveries + 1) for messages, _ in chunks for m in messages)
         self._charged.update(messages[0].id for messages, _ in chunks)
 
@@ -209,7 +222,7 @@ class RunLedger:
     def writes_at_end(self, result):
         return True
 
-    def finished(self, result, messages):
+    def finished(self, result, messages, suspect=False):
         """Right after the chunk (a ChunkResult of ``messages``): off the running record; each failed
         entry that is retried is charged its run. Best effort: should Redis not answer, the chunk's
         entries are charged a run each if the process dies before the next chunk of this loop is recorded."""
@@ -224,6 +237,11 @@ class RunLedger:
             elif retried:
                 scripts.run(self.conn, "runs_done", [self.stream, self.key],
                             [self.group, self.consumer, messages[0].id, *(x for pair in retried for x in pair)])
+            elif suspect and any(self.refused(o) for o in result.failed):
+                # A suspect the guard refused ran nothing: it stays a suspect (not running alone now), so a
+                # taker after a death here runs it alone too. Deleted, it ran later in an ordinary chunk,
+                # where its death was charged to nobody (a user trial: killers ran 3-4 times at max_deliveries 1).
+                self.conn.hset(self.key, messages[0].id, messages[0].id)
             else:
                 self.conn.hdel(self.key, messages[0].id)
         except ERRORS as exc:
@@ -250,11 +268,11 @@ class RecordedAhead:
         """Whether ``finished`` would call Redis (an async chunk then finishes in a thread, off the loop)."""
         return bool(result.failed)
 
-    def finished(self, result, messages):
+    def finished(self, result, messages, suspect=False):
         if messages and not any(self.ledger.retried(o) for o in result.failed):
-            self.ledger.ended(messages[0].id)
+            result.ended = messages[0].id  # the read loop deletes it with the acks (GroupLoop._finish)
         else:
-            self.ledger.finished(result, messages)
+            self.ledger.finished(result, messages, suspect)
 
 
 def take_over(conn, stream, group, taker, min_idle, max_deliveries, held, check=False):

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 from streams_app import publish_many
 from streams_app.conf import get_settings
 from streams_app.deadletters import store as deadletters
+from streams_app.keys import running_key
 from streams_app.connection import get_connection, node_client
 from streams_app.models import GroupSnapshot
 from streams_app.reclaim import Reclaimer
@@ -87,12 +88,16 @@ def test_idle_consumers_without_pending_entries_are_removed_and_holders_kept(red
     redis.xreadgroup("a", "finished", {"jobs": ">"}, count=1)
     redis.xack("jobs", "a", ids[1])
     redis.hset("{jobs}:consumers", mapping={"finished": 1, "holder": 1})  # both long dead
+    for name in ("finished", "holder"):  # their run ledgers' records (consuming/runs.py)
+        redis.hset(running_key("jobs", "a", name), mapping={"-": "", ids[0]: ids[0]})
     daemon = reclaimer(["jobs:a"], DEAD_CONSUMER_IDLE=3600)
     assert daemon.tick().consumers_removed == {}  # nobody idle for an hour
     daemon.config["DEAD_CONSUMER_IDLE"] = 0.05
     removed = wait_for(lambda: daemon.tick().consumers_removed, timeout=5, what="the idle consumer removed")
     assert removed == {"jobs:a": ["finished"]}
     assert redis.hkeys("{jobs}:consumers") == ["holder"]  # its liveness record went with it
+    # And its running record: it names nothing pending (before, each process start left one for a week).
+    assert not redis.exists(running_key("jobs", "a", "finished")) and redis.exists(running_key("jobs", "a", "holder"))
     time.sleep(0.1)
     daemon.tick()
     assert [c["name"] for c in redis.xinfo_consumers("jobs", "a")] == ["holder"]  # it holds an entry: kept

@@ -39,6 +39,12 @@ def noop(message):
     pass
 
 
+@consumer("sleepy", group="a")
+def sleeps(message):
+    """Sleeps and writes nothing: it runs while Redis refuses writes (maxmemory tests)."""
+    time.sleep(message.payload.get("sleep", 0))
+
+
 # -- failure handling (tests/streams_app/test_failures.py and friends) ------------------------
 
 FAILING_CALLS = []  # (entry id, delivery, monotonic time): in-process loop tests read it
