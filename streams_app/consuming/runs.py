@@ -101,10 +101,7 @@ class RunLedger:
         in one write. Returns the ledger the chunks are to run with: ``self.ahead`` (recorded), or this
         ledger when Redis refused the write at maxmemory (each chunk then records or charges itself as it
         starts, ``started``). Raises RunsNotRecorded when Redis did not answer: none of them may run."""
-        args = [RECORD_TTL_MS]
-        for messages in chunks:
-            args += [messages[0].id, ",".join(m.id for m in messages)]
-        self._forget(args[1::2])
+        args = self._mark_args([(messages, False) for messages in chunks])
         try:
             scripts.run(self.conn, "runs_mark", [self.key], args)
             self.has_record = True
@@ -154,11 +151,16 @@ class RunLedger:
         if messages:
             self._mark([(messages, alone)])
 
-    def _mark(self, chunks):
+    def _mark_args(self, chunks):
+        """runs_mark.lua's ARGV for ``chunks`` ((messages, alone) pairs); their fields are no longer to delete."""
         args = [RECORD_TTL_MS]
         for messages, alone in chunks:
             args += [messages[0].id, ("!" if alone else "") + ",".join(m.id for m in messages)]
         self._forget(args[1::2])
+        return args
+
+    def _mark(self, chunks):
+        args = self._mark_args(chunks)
         try:
             try:
                 scripts.run(self.conn, "runs_mark", [self.key], args)
