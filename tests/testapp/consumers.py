@@ -423,9 +423,11 @@ _wake = asyncio.Event()  # bound to the worker's event loop on first use
 @consumer("ablock", group="g", max_deliveries=2, retry_backoff=(0.2, 0.5))
 async def blocks_the_event_loop(message):
     """``block``: wait for a ``wake`` message, then block the whole event loop (a sync call in an
-    async def) until the key ``release:ablock`` exists. ``wake`` sets the event and returns at once:
-    the blocker's wake-up is queued before the waker's own completion, as when any coroutine that
-    blocks happens to run right after a handler returns. Other payloads are handled at once."""
+    async def) until the key ``release:ablock`` exists. ``wake`` waits until the blocker waits and
+    ``after`` others were handled (with idempotent="redis" each chunk's admission is a thread's round
+    trip, so the others may still be queued behind it), then sets the event and returns at once: the
+    blocker's wake-up is queued before the waker's own completion, as when any coroutine that blocks
+    happens to run right after a handler returns. Other payloads are handled at once."""
     payload = message.payload
     conn = get_connection()
     # Released: a takeover after the test just finishes (its count may still be 1: a death beside other
@@ -439,7 +441,8 @@ async def blocks_the_event_loop(message):
             time.sleep(0.05)  # blocking: no other coroutine of this process runs meanwhile
         return
     if payload.get("wake"):
-        while not _blocker["waiting"]:
+        handled = f"handled:{message.stream}:{message.group}"
+        while not _blocker["waiting"] or conn.llen(handled) < payload.get("after", 0):
             await asyncio.sleep(0.01)
         record("handled", message)
         _wake.set()

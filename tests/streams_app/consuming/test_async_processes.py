@@ -242,7 +242,7 @@ def test_a_worker_whose_coroutines_are_all_stuck_is_replaced_when_its_heartbeat_
 @pytest.mark.parametrize("stream", ["ablock", "ablockr"])  # ablockr: with idempotent="redis"
 def test_handlers_that_returned_are_acked_while_another_coroutine_blocks_the_loop(redis, run_consumer, stream):
     [blocker] = publish_raw(redis, stream, [{"block": True}])
-    fast = publish_raw(redis, stream, [*({"n": n} for n in range(4)), {"wake": True}])
+    fast = publish_raw(redis, stream, [*({"n": n} for n in range(4)), {"wake": True, "after": 4}])
     proc = run_consumer(f"{stream}:g", "--shutdown-timeout", "1")
     wait_for(lambda: listed(redis, "started", stream, "g") == [blocker], timeout=60, what="the loop blocked")
     # The five returned before the loop blocked: acked though the loop is not free.
@@ -266,7 +266,7 @@ def test_handlers_that_returned_are_acked_while_another_coroutine_blocks_the_loo
 
 def test_finished_handlers_are_acked_before_the_supervisor_kills_a_worker_whose_loop_is_blocked(redis, run_consumer):
     [blocker] = publish_raw(redis, "ablock", [{"block": True}])
-    fast = publish_raw(redis, "ablock", [*({"n": n} for n in range(4)), {"wake": True}])
+    fast = publish_raw(redis, "ablock", [*({"n": n} for n in range(4)), {"wake": True, "after": 4}])
     proc = run_consumer("ablock:g", "--workers", "1", "--heartbeat-interval", "1", "--heartbeat-timeout", "4",
                         streams=FAST)
     proc.wait_for_output("no heartbeat", timeout=90)
