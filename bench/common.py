@@ -12,6 +12,25 @@ sys.path.insert(0, str(ROOT))
 from tests.redis_server import RedisServer  # noqa: E402
 
 
+def at_least(minimum, why=""):
+    """argparse type of a whole number of at least ``minimum``; ``why`` says what the floor is for."""
+    import argparse
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is too small: give {minimum} or more{why}")
+        return value
+
+    return parse
+
+
+positive = at_least(1)  # messages, runs, workers, batch sizes
+
+
 def start_redis():
     """A throw-away redis-server on a free port, so benchmarks never touch a real one."""
     return RedisServer(Path(tempfile.mkdtemp(prefix="shoal-bench-"))).start()

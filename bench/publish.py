@@ -27,7 +27,7 @@ import pstats
 import statistics
 import time
 
-from common import setup_django, start_redis
+from common import positive, setup_django, start_redis
 
 
 def load():
@@ -111,11 +111,11 @@ def profile(client, payloads, batch):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=20_000, help="messages per batched case and run")
-    parser.add_argument("--single", type=int, default=5_000, help="messages per one-at-a-time case and run")
-    parser.add_argument("--batches", type=int, nargs="+", default=[100, 1000], help="publish_many batch sizes")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per case, raw and Shoal alternating")
-    parser.add_argument("--slice", type=int, default=2_000, help="messages raw or Shoal sends before the other's turn (a quarter of it one at a time)")
+    parser.add_argument("--messages", type=positive, default=20_000, help="messages per batched case and run")
+    parser.add_argument("--single", type=positive, default=5_000, help="messages per one-at-a-time case and run")
+    parser.add_argument("--batches", type=positive, nargs="+", default=[100, 1000], help="publish_many batch sizes")
+    parser.add_argument("--repeat", type=positive, default=3, help="runs per case, raw and Shoal alternating")
+    parser.add_argument("--slice", type=positive, default=2_000, help="messages raw or Shoal sends before the other's turn (a quarter of it one at a time)")
     parser.add_argument("--profile", action="store_true", help="cProfile Shoal's side instead of timing")
     args = parser.parse_args()
     os.environ.setdefault("SHOAL_TEST_STREAMS", "{}")

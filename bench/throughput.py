@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common import ROOT, setup_django, start_redis, time_consumption
+from common import ROOT, at_least, positive, setup_django, start_redis, time_consumption
 
 PY_SPY = os.environ.get("PY_SPY", str(ROOT / ".venv2" / "bin" / "py-spy"))
 
@@ -197,10 +197,10 @@ def print_medians(pairs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--messages", type=at_least(10_000, " (the steady rate needs reads of 500 over a measurable time)"), default=200_000)
+    parser.add_argument("--workers", type=positive, default=1,
                         help="with N > 1, also time the supervisor with N worker processes (runconsumer --workers N)")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=positive, default=1,
                         help="alternate (a) and (b) N times and print the median ratio b/a")
     parser.add_argument("--redis-counts", action="store_true",
                         help="STREAMS['COUNT_HANDLER_RUNS'] = False: Redis's own delivery counts, no run ledger")
