@@ -89,7 +89,11 @@ def test_a_hup_stops_old_workers_only_once_new_ones_are_ready_and_no_request_wai
 
 
 def test_a_deploy_that_cannot_load_keeps_the_old_workers_serving_and_a_fixed_one_rolls_forward(gunicorn, site):
-    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    # No recycling: an old worker recycled by max_requests (10,000 by default) after the aborted rollout is
+    # replaced by one that cannot load the broken code (docs/serving.md: fix and HUP before that). A slow
+    # machine's load reached it in CI, and nothing served.
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings",
+                                      "GUNICORN_MAX_REQUESTS": "10000000"})
     old = set(server.worker_pids())
     load = Load(server.port, "/version", clients=4, max_requests=50_000).start()
     try:
