@@ -22,15 +22,22 @@ system-deps:
 
 # `make test`: lint, the whole suite on the reference combination (Python 3.11, Django 5.2 LTS), then the
 # version matrix (noxfile.py: Python 3.13 + Django 6.1, 3.12 + 5.2, 3.12 + 6.0, each in its own .nox/ venv).
+# Both run in parallel, TEST_WORKERS pytest-xdist workers each (every worker has its own Redis servers,
+# databases and port range: docs/development.md). `make test ARGS=tests/test_codec.py` runs lint and
+# those pytest arguments alone, on the reference combination, in one process (TEST_WORKERS=4 to spread them).
 # `make test-fast`: everything but the tests marked `slow` (several real processes each: gunicorn,
 # supervisors, the chaos run, a browser), on the reference combination only; see pytest.ini.
+TEST_WORKERS ?= $(if $(ARGS),0,4)
+ARGS ?=
+export TEST_WORKERS
+
 test: deps system-deps lint
-	@start=$$(date +%s); $(VENV)/bin/pytest; status=$$?; \
+	@start=$$(date +%s); $(VENV)/bin/pytest -n $(TEST_WORKERS) $(ARGS); status=$$?; \
 	  echo "make test: the reference suite took $$(( $$(date +%s) - start )) s"; exit $$status
-	@$(MAKE) --no-print-directory test-matrix
+	@$(if $(ARGS),,$(MAKE) --no-print-directory test-matrix)
 
 test-fast: deps system-deps lint
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow" $(ARGS)
 
 test-matrix: deps system-deps
 	@start=$$(date +%s); $(VENV)/bin/nox; status=$$?; \

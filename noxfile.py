@@ -61,4 +61,6 @@ def tests(session, django):
     installed = session.run("python", "-c", "import django; print(django.get_version())", silent=True).strip()
     if not installed.startswith(f"{django}."):
         session.error(f"{requirements} installed Django {installed}, not {django}")
-    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or selection))
+    # In parallel as `make test` runs the reference suite (TEST_WORKERS pytest-xdist workers; 0: one process).
+    workers = os.environ.get("TEST_WORKERS", "4")
+    session.run("pytest", "-p", "no:cacheprovider", "-n", workers, *(session.posargs or selection))

@@ -10,38 +10,20 @@ the proxy's port (``cluster-announce-port``; the bus stays direct), so every cli
 topology from the cluster, and replication, goes through the proxies: ``proxies[port]`` faults one node.
 """
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from tests.netproxy import NetProxy
+from tests.ports import BUS_PORT_OFFSET, free_cluster_port
 from tests.redis_server import REDIS_SERVER
 from tests.waiting import wait_for
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 NODE_TIMEOUT_MS = 2000
-BUS_PORT_OFFSET = 10000  # a node also listens on port + 10000 (the cluster bus): both must be free
-
-
-def free_cluster_port(taken=()):
-    """A port whose bus port is free too (an OS-chosen free port may be above 55535)."""
-    for _ in range(1000):
-        port = random.randint(20000, 45000)
-        if port in taken or port + BUS_PORT_OFFSET in taken:
-            continue
-        try:
-            for candidate in (port, port + BUS_PORT_OFFSET):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", candidate))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisClusterServer:

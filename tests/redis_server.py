@@ -2,21 +2,18 @@
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
 import redis
 
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["REDIS_SERVER", "RedisServer", "free_port"]
 
 
 class RedisServer:

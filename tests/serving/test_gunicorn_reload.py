@@ -108,7 +108,9 @@ def test_a_deploy_that_cannot_load_keeps_the_old_workers_serving_and_a_fixed_one
         try:
             wait_for(lambda: set(server.worker_pids()) == old, timeout=60, what="only the old workers left")
         except AssertionError:
-            raise AssertionError(f"workers {server.worker_pids()}, old {old}:\n{server.output()[-5000:]}") from None
+            about_old = [line for line in server.output().splitlines() if any(str(pid) in line for pid in old)]
+            raise AssertionError(f"workers {server.worker_pids()}, old {old}:\n" + "\n".join(about_old)
+                                 + f"\n...\n{server.output()[-3000:]}") from None
 
         fixing_at = time.monotonic()
         (site / "hup_view.py").write_text(VIEW.format(text="fixed code"))
