@@ -68,8 +68,10 @@ class Gunicorn:
     def start(self, timeout=60):
         self.launch()
         wait_for(self._answers, timeout=timeout, what=f"gunicorn on port {self.port} answering /healthz")
-        wait_for(lambda: len(self.worker_pids()) == self.workers and self.booted() >= self.workers,
-                 timeout=timeout, what=f"{self.workers} gunicorn workers")
+        # Ready, not only booted: a worker still importing the app when a test changes the code on disk
+        # loads the new code (a test breaking it then lost an "old" worker that never had the old code).
+        wait_for(lambda: len(self.worker_pids()) == self.workers and self.ready() >= self.workers,
+                 timeout=timeout, what=f"{self.workers} gunicorn workers ready")
         return self
 
     def _collect(self):
@@ -86,6 +88,10 @@ class Gunicorn:
 
     def output(self):
         return "".join(self.lines)
+
+    def ready(self):
+        """How many workers the master has logged ready (streams_app's rollout arbiter)."""
+        return self.output().count(") is ready (app loaded in")
 
     def booted(self):
         return self.output().count("Booting worker with pid")
