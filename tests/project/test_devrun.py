@@ -89,6 +89,25 @@ def test_manage_py_reads_var_env_in_a_new_shell(tmp_path):
     assert done.stdout.split()[-2:] == ["True", "True"]
 
 
+@pytest.mark.parametrize("target", ["run", "dev-env"])
+def test_make_run_installs_redis_server_when_missing_and_no_browser(target):
+    # Issue 51: `make run` depended on the tests' system-deps and ran `apt-get install chromium`
+    # (a demo installing a browser system-wide, or stopping with "Error 100" where apt-get cannot).
+    planned = subprocess.run(["make", "-n", target], cwd=ROOT, env=FRESH_ENV, capture_output=True, text=True,
+                             timeout=60)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "apt-get install -y redis-server" in planned.stdout
+    assert "chromium" not in planned.stdout
+
+
+@pytest.mark.parametrize("target", ["test", "test-fast", "test-matrix"])
+def test_the_test_targets_still_install_chromium(target):
+    planned = subprocess.run(["make", "-n", target], cwd=ROOT, env=FRESH_ENV, capture_output=True, text=True,
+                             timeout=60)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "apt-get install -y chromium" in planned.stdout
+
+
 def status_of(port, path):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
