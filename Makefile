@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-requirements
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run dev-env shell test test-fast test-matrix lint docs deps system-deps bench clean
+.PHONY: run dev-env shell test test-fast test-matrix lint docs deps redis-deps system-deps bench clean
 
 deps: $(STAMP)
 
@@ -15,9 +15,13 @@ $(STAMP): requirements.txt requirements/base.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-# Debian packages the tests and `make run` need. Installed only when missing.
-system-deps:
+# Debian packages, each installed only when missing. `make run` needs redis-server (for the private Redis
+# it starts when none answers) and nothing else; the tests need chromium too (the admin's browser test),
+# and only they install it: a demo has no reason to put a browser on the machine.
+redis-deps:
 	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+
+system-deps: redis-deps
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
 # `make test`: lint, the whole suite on the reference combination (Python 3.11, Django 5.2 LTS), then the
@@ -54,11 +58,11 @@ lint: deps
 docs: deps
 	$(PY) -m project.settings_docs
 
-run: deps system-deps
+run: deps redis-deps
 	@$(PY) -m project.devrun
 
 # What `make run` prepares (.venv, Redis choice in var/env, migrations, the admin user), without running it.
-dev-env: deps system-deps
+dev-env: deps redis-deps
 	@$(PY) -m project.devrun --prepare-only
 
 # A bash with .venv activated: `python manage.py ...` then works as the README shows. The venv is
@@ -69,7 +73,7 @@ shell: deps
 		'echo "Shoal: .venv is active in this shell; exit to leave it."' > var/shellrc
 	@exec bash --rcfile var/shellrc -i
 
-bench: deps system-deps
+bench: deps redis-deps
 	$(PY) bench/throughput.py
 	$(PY) bench/http_bench.py
 

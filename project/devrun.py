@@ -40,7 +40,7 @@ def reachable(url):
 def start_private_redis():
     server = shutil.which("redis-server")
     if not server:
-        sys.exit("No Redis is reachable and redis-server is not installed: run `make system-deps` or set REDIS_URL.")
+        sys.exit("No Redis is reachable and redis-server is not installed: run `make redis-deps` or set REDIS_URL.")
     data = VAR / "redis"
     data.mkdir(parents=True, exist_ok=True)
     subprocess.run(

@@ -95,6 +95,20 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {
     "default": database_from_url(os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")),
 }
+# SQLite is shared by several processes here (under `make run`: the producer, the outbox relay, the
+# admin mirror, gunicorn), which SQLite's defaults serve badly: in rollback-journal mode a reader
+# blocks a writer, the busy timeout is 5 s, and a transaction that read first and then writes is
+# refused at once ("database is locked", no waiting) when another process wrote in between. So: WAL
+# (readers and the one writer no longer block each other; the mode is kept in the file), a 30 s busy
+# timeout, and the write lock taken at BEGIN in every atomic block (transaction_mode, Django 5.1+).
+# synchronous=NORMAL is WAL's usual companion: a killed process loses nothing, a power cut may lose the
+# last commits. docs/install.md gives host projects the same advice.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+    }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 

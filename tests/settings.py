@@ -31,6 +31,10 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3") and os.environ.get("DATABA
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA synchronous=NORMAL",
     }
+elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Without DATABASE_URL the test database is SQLite's in-memory one, used by this process alone: it
+    # keeps Django's defaults, as before project/settings.py set its multi-process OPTIONS (WAL, IMMEDIATE).
+    DATABASES["default"].pop("OPTIONS", None)
 
 # A slow start-up on demand (tests/streams_app/supervisor/test_pid1.py): say so in a file, then wait,
 # so that a test can send a signal while Django is still loading.

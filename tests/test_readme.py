@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"<!-- quick-start: (?P<name>[^>]*?) -->\n```sh\n(?P<body>.*?)```", re.S)
+# Step 5's publishing code, which the README says runs as written in `python manage.py shell`.
+TOUR_CODE = re.compile(r"<!-- tour: publish from code -->\n```python\n(?P<body>.*?)```", re.S)
 FRESH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 
 
@@ -40,6 +42,7 @@ def test_the_readme_marks_its_quick_start_blocks():
     blocks = quick_start_blocks((ROOT / "README.md").read_text())
     assert list(blocks) == ["second shell", "a message that fails", "replay from the shell"]
     assert "make run" in (ROOT / "README.md").read_text().split("<!-- quick-start: second shell -->")[0]
+    assert len(TOUR_CODE.findall((ROOT / "README.md").read_text())) == 1
 
 
 class MakeRun:
@@ -133,6 +136,7 @@ def wait_for_text(url, text, timeout=60):
 
 def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factory):
     blocks = quick_start_blocks((clone / "README.md").read_text())
+    [tour_code] = TOUR_CODE.findall((clone / "README.md").read_text())
     server = redis_factory()
     second = Shell(clone)
     run = MakeRun(clone, {**FRESH_ENV, "REDIS_URL": server.url, "SHOAL_WEB_PORT": str(free_port())})
@@ -149,8 +153,10 @@ def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factor
 
         out = second.run(blocks["second shell"])
         assert "shoal-web" in out  # discover: the web tier registered itself
-        run.wait_for(r"email: confirmation for order 1001 ", timeout=60)
-        run.wait_for(r"points: \+12 points for customer ann", timeout=60)
+        # The tour's ids and customers are ones the demo producer never uses (its orders are 1, 2, 3, ...
+        # for ann, bo and cy), so only the tour's own orders match.
+        run.wait_for(r"email: confirmation for order tour-1 ", timeout=60)
+        run.wait_for(r"points: \+12 points for customer dee", timeout=60)
         # The README's other way into that shell: `make shell` (a bash with .venv active after ~/.bashrc).
         made = subprocess.run(["make", "shell"], cwd=clone, env=FRESH_ENV, input="python manage.py discover\nexit\n",
                               capture_output=True, text=True, timeout=120)
@@ -162,7 +168,15 @@ def test_the_quick_start_works_as_written_from_a_clean_clone(clone, redis_factor
         dry_run, replay = [line for line in blocks["replay from the shell"].splitlines() if line.strip()]
         assert "Would replay 1 dead letters of orders for group email" in second.run(dry_run)
         assert "Replayed 1 dead letters" in second.run(replay)
-        run.wait_for(r"email: confirmation for order 1002 ", timeout=60)
+        run.wait_for(r"email: confirmation for order tour-2 ", timeout=60)
+
+        # Step 5's code as written, with nothing imported for it (Django 5.2's shell imports the models).
+        ran = subprocess.run([str(clone / ".venv" / "bin" / "python"), "manage.py", "shell", "--no-imports",
+                              "-c", tour_code], cwd=clone, env=FRESH_ENV, capture_output=True, text=True,
+                             timeout=120)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        run.wait_for(r"email: confirmation for order tour-3 ", timeout=60)
+        run.wait_for(r"points: \+9 points for customer dee", timeout=60)  # the outbox one: Order(total=99)
 
         before_stop = len(run.output())
         run.ctrl_c()

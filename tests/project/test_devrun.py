@@ -1,5 +1,6 @@
 """make run's first-run admin user: created once, password printed once and stored 0600."""
 import http.client
+import json
 import os
 import signal
 import stat
@@ -87,6 +88,58 @@ def test_manage_py_reads_var_env_in_a_new_shell(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-2:] == ["True", "True"]
+
+
+@pytest.mark.parametrize("target", ["run", "dev-env"])
+def test_make_run_installs_redis_server_when_missing_and_no_browser(target):
+    # Issue 51: `make run` depended on the tests' system-deps and ran `apt-get install chromium`
+    # (a demo installing a browser system-wide, or stopping with "Error 100" where apt-get cannot).
+    planned = subprocess.run(["make", "-n", target], cwd=ROOT, env=FRESH_ENV, capture_output=True, text=True,
+                             timeout=60)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "apt-get install -y redis-server" in planned.stdout
+    assert "chromium" not in planned.stdout
+
+
+@pytest.mark.parametrize("target", ["test", "test-fast", "test-matrix"])
+def test_the_test_targets_still_install_chromium(target):
+    planned = subprocess.run(["make", "-n", target], cwd=ROOT, env=FRESH_ENV, capture_output=True, text=True,
+                             timeout=60)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "apt-get install -y chromium" in planned.stdout
+
+
+SQLITE_AS_CONNECTED = """
+import json, sqlite3
+from django.db import connection, transaction
+with connection.cursor() as cursor:
+    pragmas = {name: cursor.execute(f"PRAGMA {name}").fetchone()[0]
+               for name in ("journal_mode", "busy_timeout", "synchronous")}
+with transaction.atomic():
+    # IMMEDIATE: the write lock is the atomic block's from BEGIN on, before it wrote anything.
+    other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        pragmas["write_lock_at_begin"] = False
+    except sqlite3.OperationalError as exc:
+        pragmas["write_lock_at_begin"] = "locked" in str(exc)
+    other.close()
+print(json.dumps(pragmas))
+"""
+
+
+def test_make_runs_sqlite_is_set_up_for_several_processes(env):
+    # Issue 51: under `make run` the producer, the outbox relay and the admin mirror share this file;
+    # in rollback-journal mode with the 5 s default timeout the mirror logged "database is locked".
+    # Read back through the connection project.settings configures, not from the settings dict.
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", SQLITE_AS_CONNECTED], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pragmas = json.loads(done.stdout.strip().splitlines()[-1])
+    assert pragmas["journal_mode"] == "wal"
+    assert pragmas["busy_timeout"] >= 20_000  # milliseconds
+    assert pragmas["synchronous"] == 1  # NORMAL
+    assert pragmas["write_lock_at_begin"] is True
 
 
 def status_of(port, path):
