@@ -24,7 +24,7 @@ system-deps:
 # version matrix (noxfile.py: Python 3.13 + Django 6.1, 3.12 + 5.2, 3.12 + 6.0, each in its own .nox/ venv).
 # `make test-fast`: everything but the tests marked `slow` (several real processes each: gunicorn,
 # supervisors, the chaos run, a browser), on the reference combination only; see pytest.ini.
-test: deps system-deps lint
+test: deps system-deps lint docs check-package
 	@start=$$(date +%s); $(VENV)/bin/pytest; status=$$?; \
 	  echo "make test: the reference suite took $$(( $$(date +%s) - start )) s"; exit $$status
 	@$(MAKE) --no-print-directory test-matrix
@@ -43,9 +43,21 @@ lint: deps
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/mypy --config-file mypy.ini
 
-# The STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
+# The documentation site (mkdocs.yml), built into $(SITE_DIR) with every warning an error, after its one generated
+# page: the STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
+# (NO_MKDOCS_2_WARNING: Material for MkDocs prints a banner on every build otherwise; docs/development.md.)
+SITE_DIR ?= site
 docs: deps
 	$(PY) -m project.settings_docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE_DIR)
+
+# The sdist and the wheel built from it (python -m build), into a temporary directory, then `twine check --strict`:
+# what PyPI would show, checked before a release is (docs/development.md "Releasing").
+.PHONY: check-package
+check-package: deps
+	@dist=$$(mktemp -d); trap 'rm -rf "$$dist"' EXIT; \
+	  $(PY) -m build --outdir "$$dist" . >"$$dist/build.log" 2>&1 || { cat "$$dist/build.log"; exit 1; }; \
+	  $(VENV)/bin/twine check --strict "$$dist"/*.tar.gz "$$dist"/*.whl
 
 run: deps system-deps
 	@$(PY) -m project.devrun
@@ -67,4 +79,4 @@ bench: deps system-deps
 	$(PY) bench/http_bench.py
 
 clean:
-	rm -rf $(VENV) .nox var/run
+	rm -rf $(VENV) .nox var/run site
