@@ -135,12 +135,20 @@ def test_the_site_and_the_metadata_name_the_same_urls():
     assert config["strict"] == "true"
 
 
+def make_docs(checkout, site):
+    """``make docs`` in a copy of the checkout: it rewrites docs/settings.md's tables, which
+    tests/test_settings_docs.py must find as committed. ``-o deps``: the packages are this test run's (make docs
+    would otherwise install requirements.txt first)."""
+    return subprocess.run(["make", "--no-print-directory", "-o", "deps", "docs", f"VENV={VENV_BIN.parent}",
+                           f"SITE_DIR={site}"], cwd=checkout, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    # -o deps: the packages are this test run's; make docs would otherwise install requirements.txt first.
-    run(["make", "--no-print-directory", "-o", "deps", "docs", f"SITE_DIR={out}"], cwd=ROOT)
-    return out
+    tmp = tmp_path_factory.mktemp("docs")
+    built = make_docs(checkout_copy(tmp / "checkout"), tmp / "site")
+    assert built.returncode == 0, built.stdout + built.stderr
+    return tmp / "site"
 
 
 @pytest.mark.slow
@@ -175,7 +183,6 @@ def test_a_broken_link_fails_make_docs(tmp_path):
     copy = checkout_copy(tmp_path / "checkout")
     with open(copy / "docs" / "limits.md", "a") as page:
         page.write("\nSee [the consumers](consuming.md#no-such-heading).\n")
-    built = subprocess.run(["make", "--no-print-directory", "-o", "deps", "docs", f"VENV={VENV_BIN.parent}",
-                            f"SITE_DIR={tmp_path / 'site'}"], cwd=copy, capture_output=True, text=True, timeout=300)
+    built = make_docs(copy, tmp_path / "site")
     assert built.returncode != 0
     assert "does not contain an anchor '#no-such-heading'" in built.stdout + built.stderr
