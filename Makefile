@@ -35,7 +35,7 @@ TEST_WORKERS ?= $(if $(ARGS),0,4)
 ARGS ?=
 export TEST_WORKERS
 
-test: deps system-deps lint
+test: deps system-deps lint $(if $(ARGS),,check-docs check-package)
 	@start=$$(date +%s); $(VENV)/bin/pytest -n $(TEST_WORKERS) $(ARGS); status=$$?; \
 	  echo "make test: the reference suite took $$(( $$(date +%s) - start )) s"; exit $$status
 	@$(if $(ARGS),,$(MAKE) --no-print-directory test-matrix)
@@ -54,9 +54,29 @@ lint: deps
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/mypy --config-file mypy.ini
 
-# The STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
+# The documentation site (mkdocs.yml), built into $(SITE_DIR) with every warning an error, after its one generated
+# page: the STREAMS / DISCOVERY tables of docs/settings.md, from streams_app/defaults.py and discovery_app/defaults.py.
+# (NO_MKDOCS_2_WARNING: Material for MkDocs prints a banner on every build otherwise; docs/development.md.)
+SITE_DIR ?= site
+MKDOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 docs: deps
 	$(PY) -m project.settings_docs
+	$(MKDOCS_BUILD) --site-dir $(SITE_DIR)
+
+# What `make test` runs: the same build into a temporary directory, and the tables only checked, never rewritten
+# (stale tables fail here and in tests/test_settings_docs.py rather than being fixed in CI's clone).
+.PHONY: check-docs
+check-docs: deps
+	$(PY) -m project.settings_docs --check
+	@site=$$(mktemp -d); trap 'rm -rf "$$site"' EXIT; $(MKDOCS_BUILD) --site-dir "$$site"
+
+# The sdist and the wheel built from it (python -m build), into a temporary directory, then `twine check --strict`:
+# what PyPI would show, checked before a release is (docs/development.md "Releasing").
+.PHONY: check-package
+check-package: deps
+	@dist=$$(mktemp -d); trap 'rm -rf "$$dist"' EXIT; \
+	  $(PY) -m build --outdir "$$dist" . >"$$dist/build.log" 2>&1 || { cat "$$dist/build.log"; exit 1; }; \
+	  $(VENV)/bin/twine check --strict "$$dist"/*.tar.gz "$$dist"/*.whl
 
 run: deps redis-deps
 	@$(PY) -m project.devrun
@@ -78,4 +98,4 @@ bench: deps redis-deps
 	$(PY) bench/http_bench.py
 
 clean:
-	rm -rf $(VENV) .nox var/run
+	rm -rf $(VENV) .nox var/run site

@@ -96,6 +96,11 @@ _created = 0
 
 
 class DiscoveryClient:
+    """Resolve a service name to one healthy instance (``resolve``, ``resolve_url``), call it (``request``), and
+    report how the call went (``track``, ``report``) for the circuit breakers. An argument left out takes the
+    ``DISCOVERY`` setting of its name (``STRATEGY``, ``ZONE``, ``CACHE_TTL``, ...). Make one per process and share it.
+    """
+
     def __init__(self, strategy: str | Any = None, registry: ServiceRegistry | None = None, *, zone: Any = _UNSET,
                  cache_ttl: float | None = None, fallbacks: dict[str, Any] | None = None, listen: bool | None = None,
                  breaker_failures: int | None = None, breaker_cooldown: float | None = None,

@@ -50,6 +50,14 @@ def _raw(fields: dict[Any, Any], name: bytes) -> Any:
 
 
 class Message:
+    """One stream entry as its handler receives it.
+
+    ``id``: the entry id, ``"<ms>-<seq>"``; ``stream``: the stream it was read from; ``group``: the consumer group
+    it was delivered to (None for one only read, as streams_app.testing captures); ``deliveries``: 1 on the first
+    delivery, more on a retry; ``consumer``: the consumer that read it; ``raw_fields``: the entry's fields as
+    Redis returned them (bytes). ``payload`` and ``headers`` are decoded once, before the handler runs.
+    """
+
     __slots__ = ("id", "stream", "group", "raw_fields", "deliveries", "consumer", "_payload", "_headers", "_fields")
 
     id: str  # the entry id, "<ms>-<seq>"
@@ -102,6 +110,7 @@ class Message:
 
     @property
     def headers(self) -> dict[str, Any]:
+        """The decoded headers published with the message (``publish(..., headers=)``); {} when there were none."""
         if self._headers is _UNSET:
             raw = _raw(self.raw_fields, b"headers")
             if raw is None:

@@ -104,6 +104,9 @@ def assert_wheel_contents(wheel):
         assert expected in names, expected
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "requires-dist: django<6.2,>=5.2" in metadata.lower()
+    # The licence and the project URLs (tests/test_package.py checks them and the PyPI page in detail).
+    assert "License-Expression: BSD-3-Clause" in metadata and any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "Project-URL: Documentation, https://" in metadata
 
 
 def web_tier(site, venv, env, manage):

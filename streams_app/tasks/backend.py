@@ -34,6 +34,12 @@ from streams_app.tasks.api import (
 
 
 class StreamsBackend(BaseTaskBackend):
+    """Django's Tasks on Shoal: each queue of ``TASKS[alias]["QUEUES"]`` is a stream, ``tasks:<queue>``, read by
+    the group ``workers`` that ``runconsumer`` runs; results are Redis hashes. Options and setup: docs/tasks.md.
+
+    ``TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend", "QUEUES": ["default"]}}``
+    """
+
     supports_defer = True
     supports_async_task = True
     supports_get_result = True

@@ -95,8 +95,7 @@ def _record(targets: list[Published], stream: str, entries: list[dict[str, Any]]
 @contextmanager
 def capture_publishes() -> Iterator[Published]:
     """Record every publish made inside the block instead of sending it; yields the ``Published`` record.
-
-    ::
+    For example:
 
         with capture_publishes() as published:
             client.post("/orders/", {...})
