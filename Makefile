@@ -27,7 +27,7 @@ system-deps: redis-deps
 # `make test`: lint, the whole suite on the reference combination (Python 3.11, Django 5.2 LTS), then the
 # version matrix (noxfile.py: Python 3.13 + Django 6.1, 3.12 + 5.2, 3.12 + 6.0, each in its own .nox/ venv).
 # Both run in parallel, TEST_WORKERS pytest-xdist workers each (every worker has its own Redis servers,
-# databases and port range: docs/development.md). `make test ARGS=tests/test_codec.py` runs lint and
+# databases and port range: docs/development.md). `make test ARGS=tests/streams_app/test_codec.py` runs lint and
 # those pytest arguments alone, on the reference combination, in one process (TEST_WORKERS=4 to spread them).
 # `make test-fast`: everything but the tests marked `slow` (several real processes each: gunicorn,
 # supervisors, the chaos run, a browser), on the reference combination only; see pytest.ini.

@@ -37,3 +37,15 @@ def test_every_relative_link_resolves():
 def test_the_readme_links_every_docs_page():
     readme = (ROOT / "README.md").read_text()
     assert [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"docs/{p.name}" not in readme] == []
+
+
+TEST_PATH = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def test_every_test_file_the_docs_name_exists():
+    # A user trial ran docs/development.md's one-file example and got "file or directory not found": the
+    # file had moved under tests/streams_app/ and nothing checked code spans, only links.
+    pages = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = {str(page.relative_to(ROOT)): sorted({p for p in TEST_PATH.findall(page.read_text())
+                                                   if not (ROOT / p).exists()}) for page in pages}
+    assert {page: paths for page, paths in missing.items() if paths} == {}
