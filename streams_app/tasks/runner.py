@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import traceback
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
@@ -42,6 +43,10 @@ from streams_app.tasks.api import (
 )
 
 logger = logging.getLogger("streams_app.tasks")
+
+BATCHED_START_SECONDS = 0.05
+"""How long the tasks a chunk turns RUNNING in one round trip are expected to run in all, from their
+paths' past runs: beyond that a task starts when it runs (one round trip, as ever)."""
 
 
 class Attempt:
@@ -178,6 +183,7 @@ def run_message(alias, message, handler=None):
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
         raise
     func = attempt.task.func
+    began = time.perf_counter()
     try:
         # An async task here was enqueued before its function became async: run it all the same.
         value = async_to_sync(func)(*args, **kwargs) if iscoroutinefunction(func) else func(*args, **kwargs)
@@ -189,6 +195,9 @@ def run_message(alias, message, handler=None):
         if outcome is exc:
             raise
         raise outcome from exc
+    finally:
+        if handler is not None:
+            handler.timed(attempt.data["task"], time.perf_counter() - began)
     if defer:
         handler.put(attempt)
 
@@ -223,6 +232,7 @@ class QueueHandler:
         # Per handler thread: .pending (the success not yet written), .begun (this chunk's attempts
         # started by begin_chunk, by entry id), .done (their successes), .lost.
         self.local = threading.local()
+        self.durations = {}  # task path -> its runs' moving average (s), shared by the handler threads
 
     def __call__(self, message):
         begun = getattr(self.local, "begun", None)
@@ -234,17 +244,28 @@ class QueueHandler:
     def defers(self, attempt):
         return attempt.config["IDEMPOTENT"] is None and not is_cluster(attempt.conn)
 
+    def timed(self, path, seconds):
+        """How long a run of the task at ``path`` took (a moving average per path, for begin_chunk)."""
+        previous = self.durations.get(path)
+        self.durations[path] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
     def begin_chunk(self, chunk):
         """Start the attempts of the messages of ``chunk`` that can be run in one batch (see the class)."""
         self.local.begun, self.local.done = {}, []
         if is_cluster(get_connection()):
             return
-        attempts = []
+        attempts, budget = [], BATCHED_START_SECONDS
         for message in chunk:
             try:
                 attempt = Attempt(self.alias, message, refuse=False)
             except Exception:  # noqa: BLE001 -- refused or broken: the handler's call raises it, as ever
-                continue
+                break
+            # Only a prefix of tasks known to be quick: a result must not show RUNNING long before its
+            # task runs (a slow task ahead of it, or one this thread never timed, ends the batch).
+            expected = self.durations.get(attempt.data["task"])
+            if expected is None or expected > budget:
+                break
+            budget -= expected
             if (attempt.task.takes_context or not self.defers(attempt) or message.consumer != chunk[0].consumer
                     or attempt.listened(task_started) or attempt.listened(task_finished)):
                 continue
@@ -267,7 +288,7 @@ class QueueHandler:
     def _run_begun(self, attempt):
         """Run the task of an attempt begin_chunk started; its success is written by end_chunk."""
         data, func = attempt.data, attempt.task.func
-        started = _now_iso()
+        started, began = _now_iso(), time.perf_counter()
         try:
             if iscoroutinefunction(func):  # enqueued before its function became async
                 value = async_to_sync(func)(*data["args"], **data["kwargs"])
@@ -281,6 +302,8 @@ class QueueHandler:
             if outcome is exc:
                 raise
             raise outcome from exc
+        finally:
+            self.timed(data["task"], time.perf_counter() - began)
         self.local.done.append((attempt, started, _now_iso(), value))
 
     def put(self, attempt):

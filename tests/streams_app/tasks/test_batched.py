@@ -22,6 +22,14 @@ def calls(redis):
     return {name[8:]: found["calls"] for name, found in stats.items()}
 
 
+def quick(jobs, *tasks):
+    """A QueueHandler that has timed ``tasks`` (default: add) as quick: begin_chunk starts them in one go."""
+    handler = QueueHandler("default")
+    for each in tasks or (jobs.add,):
+        handler.timed(each.module_path, 0.001)
+    return handler
+
+
 @pytest.fixture(autouse=True)
 def one_server(redis):
     if is_cluster(redis):
@@ -30,10 +38,11 @@ def one_server(redis):
 
 def test_a_chunk_is_two_round_trips_and_every_result_is_complete(jobs, redis):
     jobs.add.enqueue(0, 0)
-    run_chunk(QueueHandler("default"), delivered(redis))  # loads the scripts
+    handler = quick(jobs)
+    run_chunk(handler, delivered(redis))  # loads the scripts
     ids = [jobs.add.enqueue(n, 1).id for n in range(5)]
     redis.config_resetstat()
-    outcome = run_chunk(QueueHandler("default"), delivered(redis)[1:])
+    outcome = run_chunk(handler, delivered(redis)[1:])
     assert len(outcome.acked) == 5 and not outcome.failed
     assert calls(redis).get("evalsha") == 2  # the chunk's starts, its successes
     for n, result_id in enumerate(ids):
@@ -71,7 +80,7 @@ def test_tasks_the_chunk_did_not_reach_get_their_attempt_back(jobs, redis):
     """A chunk out of its time budget hands its rest back unrun: their starts are taken back, so the
     attempt they run as later is their first."""
     ran, unrun = jobs.add.enqueue(1, 1), jobs.add.enqueue(2, 2)
-    handler = QueueHandler("default")
+    handler = quick(jobs)
     first, second = delivered(redis)
     handler.begin_chunk([first, second])
     assert results.get(redis, unrun.id)["status"] == "RUNNING"
@@ -88,12 +97,40 @@ def test_tasks_the_chunk_did_not_reach_get_their_attempt_back(jobs, redis):
 def test_a_worker_killed_mid_chunk_leaves_its_results_running_for_the_takeover(jobs, redis):
     result = jobs.add.enqueue(1, 1)
     [message] = delivered(redis)
-    QueueHandler("default").begin_chunk([message])  # the worker dies here: nothing acked, nothing ended
+    quick(jobs).begin_chunk([message])  # the worker dies here: nothing acked, nothing ended
     taken_over = Message(message.id, message.stream, "workers", redis.xrange(message.stream)[0][1], deliveries=2,
                          consumer="worker-2")
     run_chunk(QueueHandler("default"), [taken_over])
     stored = jobs.add.get_result(result.id)
     assert (stored.status, stored.worker_ids) == ("SUCCESSFUL", ["worker-1", "worker-2"])
+
+
+def test_only_tasks_timed_as_quick_start_before_they_run(jobs, redis):
+    """A result must not show RUNNING long before its task runs: a task this thread never timed, one
+    that ran slowly, and every task behind them in the chunk start when they run, as before."""
+    first, second, third = jobs.add.enqueue(1, 1), jobs.sleepy.enqueue(0), jobs.add.enqueue(3, 3)
+    handler = QueueHandler("default")
+    handler.begin_chunk(delivered(redis))
+    assert [results.get(redis, r.id)["status"] for r in (first, second, third)] == ["READY"] * 3  # never timed
+    handler.end_chunk()
+    handler = quick(jobs)
+    handler.timed(jobs.sleepy.module_path, 2.0)
+    handler.begin_chunk(delivered(redis))
+    assert [results.get(redis, r.id)["status"] for r in (first, second, third)] == ["RUNNING", "READY", "READY"]
+    handler.end_chunk()
+    run_chunk(handler, delivered(redis))  # the rest start one by one and all finish
+    assert [results.get(redis, r.id)["status"] for r in (first, second, third)] == ["SUCCESSFUL"] * 3
+
+
+def test_a_run_is_timed_both_ways(jobs, redis):
+    handler = QueueHandler("default")
+    jobs.sleepy.enqueue(0.05)
+    run_chunk(handler, delivered(redis))  # started on its own: never timed before
+    assert handler.durations[jobs.sleepy.module_path] >= 0.05
+    handler.timed(jobs.sleepy.module_path, 0.0)
+    jobs.sleepy.enqueue(0.05)
+    run_chunk(handler, delivered(redis)[1:])  # begun with the chunk: quick so far
+    assert handler.durations[jobs.sleepy.module_path] >= 0.2 * 0.05
 
 
 def test_enqueue_is_one_round_trip(jobs, redis):
@@ -120,7 +157,7 @@ def test_enqueue_many_writes_one_result_per_task_in_one_round_trip(jobs, redis):
     ([((1,), {}), "not a pair"], "must be an \\(args, kwargs\\) pair"),
     ([((1,), {}), ({"a": 1}, {})], "must be a list or tuple"),
     ([((1,), {}), ((1,), [])], "must be a dict"),
-    ([((1,), {}), ((object(),), {})], ""),
+    ([((1,), {}), ((object(),), {})], None),
     ([((1,), {}), ((float("nan"),), {})], "NaN"),
 ])
 def test_enqueue_many_refuses_bad_input_before_writing_anything(jobs, redis, bad, error):
