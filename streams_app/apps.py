@@ -21,7 +21,10 @@ class StreamsConfig(AppConfig):
         from streams_app.tasks import checks as task_checks  # noqa: F401  (registers the TASKS checks)
         from streams_app.tasks.setup import install
 
-        install()  # the shoal_tasks_* counters are counted by the backend itself (streams_app/tasks/counting.py)
+        install()
+        from streams_app.tasks import counting  # the shoal_tasks_* counters of /metrics
+
+        counting.connect()
 
 
 def import_consumers_modules():
