@@ -7,11 +7,10 @@ import pytest
 import redis
 
 from discovery_app.client import DiscoveryClient
-from discovery_app.conf import setting
-from discovery_app.connection import get_connection
 from discovery_app.exceptions import ServiceNotAvailable
 from discovery_app.registrar import Registrar
 from discovery_app.registry import ServiceRegistry
+from discovery_app.short_timeout import registry_connection
 from tests.netproxy import NetProxy
 from tests.waiting import wait_for
 
@@ -163,10 +162,9 @@ def test_an_instance_that_stops_heartbeating_is_expired_and_announced_on_time(re
 
 
 def _registry_through(proxy):
-    """A registry whose connection goes through ``proxy``, with the shared pool's options otherwise."""
-    pool = get_connection().connection_pool
+    """A registry on discovery's own short-timeout client, but through ``proxy``."""
+    pool = registry_connection().connection_pool
     kwargs = {**pool.connection_kwargs, "host": "127.0.0.1", "port": proxy.port}
-    kwargs["socket_timeout"] = kwargs["socket_connect_timeout"] = setting("REDIS_TIMEOUT")
     return ServiceRegistry(redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs)))
 
 
