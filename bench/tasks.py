@@ -7,7 +7,8 @@ each rep times, interleaved (plain, tasks, plain, tasks, ...):
 
 - (p) plain: ``publish_many`` of N payloads, then one ``runconsumer`` of an ``@consumer`` handler
   doing that work (bench/benchapp/consumers.py);
-- (t) tasks: N ``my_task.enqueue(n)`` calls (the enqueue rate is printed too), then one ``runconsumer``
+- (t) tasks: N/2 ``my_task.enqueue(n)`` calls and one ``enqueue_many`` of N/2 (both rates are printed
+  too), then one ``runconsumer``
   of the task's queue (``tasks:<queue>:workers``): each task writes RUNNING, runs, writes SUCCESSFUL.
 
 Both are timed from outside the same way: from the first entry read by the group to the last one
@@ -78,15 +79,21 @@ def tasks(client, url, task, queue, total):
 
     stream = messages.stream_name(queue)
     base = group_progress(client, stream, messages.GROUP)[0] if client.exists(stream) else 0
+    from streams_app.tasks import enqueue_many
+
+    half = total // 2
     started = time.perf_counter()
-    ids = [task.enqueue(n).id for n in range(total)]
-    enqueue_rate = total / (time.perf_counter() - started)
+    ids = [task.enqueue(n).id for n in range(half)]
+    enqueue_rate = half / (time.perf_counter() - started)
+    started = time.perf_counter()
+    ids += [result.id for result in enqueue_many(task, [((n,), {}) for n in range(half, total)])]
+    bulk_rate = (total - half) / (time.perf_counter() - started)
     proc = manage("runconsumer", messages.selector(queue), "-v", "0", redis_url=url,
                   env={"DJANGO_SETTINGS_MODULE": SETTINGS})
     seconds, cpu = finish(client, proc, stream, messages.GROUP, base, total)
     from streams_app.tasks import results
 
-    return seconds, cpu, enqueue_rate, own_rate(results.many(client, ids))
+    return seconds, cpu, (enqueue_rate, bulk_rate), own_rate(results.many(client, ids))
 
 
 def own_rate(records):
@@ -171,7 +178,8 @@ def main():
                 ratios[kind].append(t_rate / p_rate)
                 print(f"rep {rep} {kind:<11} (p) @consumer {p_rate:>8,.0f}/s (CPU {p_cpu / total * 1e6:5.0f} µs each)"
                       f"  (t) tasks {t_rate:>8,.0f}/s (CPU {t_cpu / total * 1e6:5.0f} µs each)  t/p {t_rate / p_rate:.2f}"
-                      f"  enqueue {enqueue_rate:,.0f}/s  (t) by its results' times {t_own:,.0f}/s"
+                      f"  enqueue {enqueue_rate[0]:,.0f}/s  enqueue_many {enqueue_rate[1]:,.0f}/s"
+                      f"  (t) by its results' times {t_own:,.0f}/s"
                       f"  load {os.getloadavg()[0]:.1f}")
             if args.others:
                 for name, run in (("django-tasks-db", db_tasks), ("django-tasks-rq", rq_tasks)):

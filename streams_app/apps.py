@@ -21,10 +21,7 @@ class StreamsConfig(AppConfig):
         from streams_app.tasks import checks as task_checks  # noqa: F401  (registers the TASKS checks)
         from streams_app.tasks.setup import install
 
-        install()
-        from streams_app.tasks import counting  # the shoal_tasks_* counters of /metrics
-
-        counting.connect()
+        install()  # the shoal_tasks_* counters are counted by the backend itself (streams_app/tasks/counting.py)
 
 
 def import_consumers_modules():

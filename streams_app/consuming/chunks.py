@@ -220,6 +220,9 @@ def _run_chunk_here(handler, messages, guard, budget, runs):
     runnable = chunk.admit(chunk.runnable())
     _started(chunk, runs)  # after the guard's admission, which runs no handler (nor charges one at maxmemory)
     if guard is None:
+        begin_chunk = getattr(handler, "begin_chunk", None)
+        if begin_chunk is not None and runnable:  # the task runner's QueueHandler: the chunk's results RUNNING at once
+            begin_chunk(runnable)
         left = _run_unguarded(handler, chunk, runnable)
         chunk.end(handler)
         return _finished(chunk.close(left), runs, messages)

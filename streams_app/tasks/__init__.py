@@ -15,4 +15,8 @@ def __getattr__(name):
         from streams_app.tasks.backend import StreamsBackend
 
         return StreamsBackend
+    if name == "enqueue_many":
+        from streams_app.tasks.bulk import enqueue_many
+
+        return enqueue_many
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

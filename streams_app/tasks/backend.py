@@ -9,7 +9,10 @@ published only if the caller's transaction commits (and its READY result is writ
 The consumers of the queues are declared by streams_app.tasks.setup and run by ``runconsumer``.
 """
 import json
+import logging
 from datetime import timedelta
+
+import redis
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -20,7 +23,8 @@ from django.utils.crypto import get_random_string
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import diverted, publish
-from streams_app.tasks import messages, options, results
+from shoal_common.redisconn import is_cluster
+from streams_app.tasks import counting, messages, options, results
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.api import (
     BaseTaskBackend,
@@ -30,7 +34,13 @@ from streams_app.tasks.api import (
     TaskResultDoesNotExist,
     TaskResultStatus,
     task_enqueued,
+    tasks_logger,
 )
+from streams_app.tasks.exceptions import EnqueueManyError
+from streams_app.tasks.signalling import listened
+
+# Tasks per MULTI/EXEC round trip of enqueue_many.
+BULK_BATCH = 500
 
 
 class StreamsBackend(BaseTaskBackend):
@@ -69,17 +79,7 @@ class StreamsBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
-        result = TaskResult(  # normalises args and kwargs: TypeError/ValueError for what is not JSON
-            task=task, id=get_random_string(32), status=TaskResultStatus.READY, enqueued_at=timezone.now(),
-            started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
-            backend=self.alias, errors=[], worker_ids=[],
-        )
-        _finite(result.args, result.kwargs)
-        payload = messages.payload(result)
-        record = {**{name: payload[name] for name in ("id", "task", "backend", "queue", "priority", "takes_context",
-                                                      "args", "kwargs")},
-                  "enqueued_at": result.enqueued_at, "run_after": task.run_after}
-        stream = messages.stream_for(task.queue_name, task.priority, iscoroutinefunction(task.func))
+        result, stream, payload, record = self._prepared(task, args, kwargs)
         ttl = self.config["RESULT_TTL"]
         if diverted():  # a test's capture_publishes: the message is recorded, and no result goes to Redis
             publish(stream, payload, key=result.id, outbox=self.config["OUTBOX"], using=self.config["DATABASE"],
@@ -94,6 +94,9 @@ class StreamsBackend(BaseTaskBackend):
             self._enqueued(result)
             return result
         conn = get_connection()
+        if task.run_after is None and not is_cluster(conn) and self._send(conn, [(result, stream, payload, record)]):
+            self._enqueued(result)
+            return result
         results.create(conn, record, ttl)
         try:
             publish(stream, payload, key=result.id, run_after=task.run_after)
@@ -103,13 +106,75 @@ class StreamsBackend(BaseTaskBackend):
         self._enqueued(result)
         return result
 
+    def _prepared(self, task, args, kwargs):
+        """(TaskResult, stream, payload, results record) of one enqueue; TypeError/ValueError, and
+        nothing written, for arguments that are not JSON."""
+        result = TaskResult(  # normalises args and kwargs: TypeError/ValueError for what is not JSON
+            task=task, id=get_random_string(32), status=TaskResultStatus.READY, enqueued_at=timezone.now(),
+            started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
+            backend=self.alias, errors=[], worker_ids=[],
+        )
+        _finite(result.args, result.kwargs)
+        payload = messages.payload(result)
+        record = {**payload, "enqueued_at": result.enqueued_at, "run_after": task.run_after}
+        stream = messages.stream_for(task.queue_name, task.priority, iscoroutinefunction(task.func))
+        return result, stream, payload, record
+
+    def _send(self, conn, prepared):
+        """The READY results and messages of ``prepared`` in one MULTI/EXEC round trip (one Redis
+        server: a result and its queue's stream are in different cluster slots). True when written;
+        False when Redis refused it, every result written taken back (the caller's one-by-one path
+        then raises Redis's reason as ``publish`` words it)."""
+        pipe = conn.pipeline(transaction=True)
+        ttl = self.config["RESULT_TTL"]
+        for result, stream, payload, record in prepared:
+            results.create(conn, record, ttl, pipeline=pipe)
+            publish(stream, payload, key=result.id, pipeline=pipe)
+        try:
+            pipe.execute()
+        except redis.ResponseError:  # a command inside EXEC failed (a stream key of another type): undo all
+            for result, _stream, _payload, record in prepared:
+                results.discard(conn, result.id, record["queue"])
+            return False
+        return True
+
+    def enqueue_many(self, task, calls):
+        """``enqueue(task, args, kwargs)`` for each (args, kwargs) of ``calls``: one TaskResult each, in
+        order, and one round trip per BULK_BATCH tasks (MULTI/EXEC: each batch whole or not at all).
+        Everything is validated before anything is written. A deferred task (run_after), OPTIONS
+        OUTBOX, a test's capture_publishes and a cluster enqueue one by one."""
+        self.validate_task(task)
+        prepared = [self._prepared(task, args, kwargs) for args, kwargs in calls]
+        conn = None if diverted() or self.config["OUTBOX"] or task.run_after is not None else get_connection()
+        if conn is None or is_cluster(conn):
+            return [self.enqueue(task, result.args, result.kwargs) for result, *_ in prepared]
+        done = []
+        for start in range(0, len(prepared), BULK_BATCH):
+            batch = prepared[start:start + BULK_BATCH]
+            if self._send(conn, batch):
+                done += [result for result, *_ in batch]
+                for result, *_ in batch:
+                    self._enqueued(result)
+            else:
+                raise EnqueueManyError(f"Redis refused batch {start // BULK_BATCH + 1} of enqueue_many (tasks "
+                                       f"{start} to {start + len(batch) - 1}); the first {len(done)} tasks were "
+                                       "enqueued, this batch and the rest were not.", done)
+        return done
+
     def _enqueued(self, result):
         if self.config["OUTBOX"]:
             # task_enqueued once the row commits: a rolled-back enqueue is no task, and a listener must not count it.
-            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result),
-                                  using=self.config["DATABASE"])
+            transaction.on_commit(lambda: self._announce(result), using=self.config["DATABASE"])
         else:
+            self._announce(result)
+
+    def _announce(self, result):
+        counting.enqueued(result.task.module_path, result.task.queue_name)
+        if listened(task_enqueued, type(self)):
             task_enqueued.send(type(self), task_result=result)
+        elif tasks_logger.isEnabledFor(logging.DEBUG):  # Django's own receiver's line
+            tasks_logger.debug("Task id=%s path=%s enqueued backend=%s", result.id, result.task.module_path,
+                               result.backend)
 
     def get_result(self, result_id):
         try:

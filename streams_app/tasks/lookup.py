@@ -25,8 +25,21 @@ def _importable(module):
     return any(module == config.name or module.startswith(config.name + ".") for config in apps.get_app_configs())
 
 
+_found = {}
+
+
 def find_task(path):
-    """The Django Task at ``path`` ("module.function"); RejectMessage when there is none there."""
+    """The Django Task at ``path`` ("module.function"); RejectMessage when there is none there.
+
+    A Task found is kept for the process (a worker looks up the same few paths for every message); a
+    refusal is not, so a module that failed to import is tried again by the next message."""
+    found = _found.get(path)
+    if found is None:
+        found = _found[path] = _find(path)
+    return found
+
+
+def _find(path):
     module_name, _, attribute = path.rpartition(".")
     if not module_name or not _importable(module_name):
         raise TaskRefused(f"task {path!r} is not in an imported module or an installed app's package; "

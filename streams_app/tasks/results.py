@@ -12,6 +12,9 @@ The public functions (stable: the admin and the metrics read results through the
   READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
 - ``finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, ...)``: both in one
   round trip (a handler thread going on to its chunk's next task; not on a cluster).
+- ``started_many(conn, result_ids, worker_id, ttls)`` / ``succeeded_many(conn, done)`` /
+  ``unstarted_many(conn, begun, worker_id)``: a handler thread's chunk of attempts, one round trip each
+  (streams_app/lua/task_*_many.lua; not on a cluster).
 - ``get(conn, result_id)``: the record as a dict (decoded, see below), or None when unknown or expired.
 - ``many(conn, result_ids)``: the records of ``result_ids`` in one round trip, in order (None for each
   unknown, expired or malformed id).
@@ -117,6 +120,31 @@ def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next
                                     [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
     return (_decode(result_id, _pairs(done)) if done else None,
             _decode(next_id, _pairs(started_raw)) if started_raw else None)
+
+
+def started_many(conn, result_ids, worker_id, ttls):
+    """``started`` of each of ``result_ids`` (one ttl each) in one round trip. Returns, per id, its
+    (attempt number, errors so far); (0, 0) for a result that does not exist (nothing written)."""
+    flat = scripts.run(conn, "task_started_many", [key(result_id) for result_id in result_ids],
+                       [worker_id, _now_iso(), *ttls])
+    return list(zip(flat[::2], flat[1::2]))
+
+
+def succeeded_many(conn, done):
+    """SUCCESSFUL for each (result_id, ttl, attempt, started_at, finished_at, return_value JSON) of
+    ``done``, in one round trip. Returns, per entry, whether it was written (False: the result is gone)."""
+    args = []
+    for _result_id, ttl, attempt, started_at, finished_at, value in done:
+        args += [ttl, attempt, started_at, finished_at, value]
+    written = scripts.run(conn, "task_succeeded_many", [key(entry[0]) for entry in done], args)
+    return [bool(flag) for flag in written]
+
+
+def unstarted_many(conn, begun, worker_id):
+    """Take back the attempts of (result_id, attempt) in ``begun`` that started_many counted and that did not
+    run, while each is still the latest and ``worker_id``'s."""
+    scripts.run(conn, "task_unstarted_many", [key(result_id) for result_id, _ in begun],
+                [worker_id, *(attempt for _, attempt in begun)])
 
 
 def _finish_args(status, ttl, return_value, error):

@@ -17,27 +17,42 @@ The sync consumer's handler is a QueueHandler: it writes a task's SUCCESSFUL in 
 the start of the next task its thread runs, and the chunk's last one before the chunk is acked.
 """
 import asyncio
+import json
 import logging
 import threading
+import time
 import traceback
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.utils import timezone
 
 from shoal_common.redisconn import is_cluster
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.tasks import messages, refusals, results
+from streams_app.tasks import counting, messages, refusals, results
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.lookup import find_task
-from streams_app.tasks.api import TaskContext, normalize_json, task_backends, task_finished, task_started
+from streams_app.tasks.signalling import listened
+from streams_app.tasks.api import (
+    TaskContext,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+    tasks_logger,
+)
 
 logger = logging.getLogger("streams_app.tasks")
+
+BATCHED_START_SECONDS = 0.05
+"""How long the tasks a chunk turns RUNNING in one round trip are expected to run in all, from their
+paths' past runs: beyond that a task starts when it runs (one round trip, as ever)."""
 
 
 class Attempt:
     """One run of one task message: what both handlers (sync and async) do before and after the call."""
 
-    def __init__(self, alias, message):
+    def __init__(self, alias, message, refuse=True):
         self.message = message
         try:
             self.data = data = messages.parse(message.payload)
@@ -46,15 +61,26 @@ class Attempt:
                 raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
             task = find_task(data["task"])
         except RejectMessage as exc:
-            refusals.refuse(alias, message.payload, exc)  # its result FAILED, not READY until it expires
+            if refuse:  # QueueHandler.begin_chunk only looks: the handler's own call refuses it
+                refusals.refuse(alias, message.payload, exc)  # its result FAILED, not READY until it expires
             raise
         queue, priority = data.get("queue") or task.queue_name, data.get("priority") or 0
         # using() copies and validates the Task: only when the message says otherwise than the Task.
         same = queue == task.queue_name and priority == task.priority
         self.task = task if same else task.using(queue_name=queue, priority=priority)
+        self.sender = type(self.backend)
         self.config = self.backend.config
         self.conn = get_connection()
         self.written = False  # a deferred SUCCESSFUL (QueueHandler): whether it has been written
+        self.errors_so_far = 0  # the result's errors when this attempt started (MAX_RETRIES)
+
+    def counted(self, counter, *status):
+        counter(*status, self.data["task"], self.task.queue_name)
+
+    def listened(self, signal):
+        """Whether ``signal`` has a receiver for this backend besides Django's own, which only logs:
+        Django's TaskResult is built only then."""
+        return listened(signal, self.sender)
 
     def start(self, previous=None):
         """RUNNING, one more attempt; fires task_started. Returns the call's (args, kwargs).
@@ -75,8 +101,13 @@ class Attempt:
                 "id", "task", "backend", "queue", "priority", "takes_context", "args", "kwargs")},
                 "enqueued_at": None, "run_after": None}, ttl)
             self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        self.errors_so_far = len(self.record["errors"])
+        self.counted(counting.started)
+        if not (self.task.takes_context or self.listened(task_started)):
+            log_state(self, "RUNNING")
+            return data["args"], data["kwargs"]
         result = to_task_result(self.record, self.task)
-        task_started.send(type(self.backend), task_result=result)
+        task_started.send(self.sender, task_result=result)
         args = [TaskContext(task_result=result), *data["args"]] if self.task.takes_context else data["args"]
         return args, data["kwargs"]
 
@@ -95,8 +126,12 @@ class Attempt:
         if record is None:
             lost(self, "SUCCESSFUL")
             return
+        self.counted(counting.finished, "SUCCESSFUL")
+        if not self.listened(task_finished):
+            log_state(self, "SUCCESSFUL")
+            return
         try:
-            task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+            task_finished.send(self.sender, task_result=to_task_result(record, self.task))
         except Exception:
             logger.exception("task_finished receiver failed for task %s (result %s)", self.data["task"], self.data["id"])
 
@@ -106,7 +141,7 @@ class Attempt:
         data, config = self.data, self.config
         error = {"exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
                  "traceback": "".join(traceback.format_exception(exc))}
-        again = len(self.record["errors"]) < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
+        again = self.errors_so_far < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
         record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
                                   error=error)
         if record is None:
@@ -114,8 +149,18 @@ class Attempt:
         if again:
             return exc
         if record is not None:
-            task_finished.send(type(self.backend), task_result=to_task_result(record, self.task))
+            self.counted(counting.finished, "FAILED")
+            if self.listened(task_finished):
+                task_finished.send(self.sender, task_result=to_task_result(record, self.task))
+            elif tasks_logger.isEnabledFor(logging.ERROR):  # Django's receiver logs a failure with its traceback
+                tasks_logger.error("Task id=%s path=%s state=%s", data["id"], data["task"], "FAILED", exc_info=exc)
         return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
+
+
+def log_state(attempt, status):
+    """Django's own receivers' line, written where no TaskResult was built for them."""
+    if tasks_logger.isEnabledFor(logging.INFO):
+        tasks_logger.info("Task id=%s path=%s state=%s", attempt.data["id"], attempt.data["task"], status)
 
 
 def lost(attempt, status):
@@ -138,6 +183,7 @@ def run_message(alias, message, handler=None):
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
         raise
     func = attempt.task.func
+    began = time.perf_counter()
     try:
         # An async task here was enqueued before its function became async: run it all the same.
         value = async_to_sync(func)(*args, **kwargs) if iscoroutinefunction(func) else func(*args, **kwargs)
@@ -149,33 +195,116 @@ def run_message(alias, message, handler=None):
         if outcome is exc:
             raise
         raise outcome from exc
+    finally:
+        if handler is not None:
+            handler.timed(attempt.data["task"], time.perf_counter() - began)
     if defer:
         handler.put(attempt)
 
 
 class QueueHandler:
     """The handler streams_app.tasks.setup registers for a queue's sync consumer: ``run_message``,
-    with one round trip per task instead of two. A success's SUCCESSFUL is written together with
-    the start of the next task this handler thread runs (results.finished_then_started), or by
-    ``end_chunk``, which run_chunk calls in the same thread once the chunk's messages ran, before
-    they are acked: a result is SUCCESSFUL only once its task ran, and written before its ack.
+    with the results of a whole chunk written in two round trips instead of one or two per task.
 
-    Not deferred: on a cluster (the two results are in different slots), and under an idempotency
-    guard (a guard marks the entry done at the chunk's end, or in the task's own transaction,
-    which must not come before its SUCCESSFUL is written).
+    ``begin_chunk`` (run_chunk calls it before the chunk's first message, in the handler thread)
+    turns the chunk's results RUNNING in one round trip (results.started_many: one more attempt and
+    worker id each); each call runs its task and keeps the success; ``end_chunk`` (once the chunk's
+    messages ran, before they are acked) writes the successes in one round trip (results.succeeded_many,
+    with each task's own start and finish times), and takes back the attempts of the tasks the chunk
+    did not reach (its time budget ran out: they are handed back and run in a later chunk). A result is
+    SUCCESSFUL only once its task ran, and written before its entry is acked; a failure is written at
+    once, as before. A worker killed mid-chunk leaves the chunk's entries pending, and their results
+    RUNNING with one attempt more: another worker takes them over and runs them again.
+
+    A chunk is run task by task (one round trip each: the SUCCESSFUL of a task goes with the start of
+    the next, results.finished_then_started) when Django's task_started or task_finished has a
+    receiver (each receives its TaskResult in Django's order, the result as written), for a task
+    that takes its context, and for a result that does not exist yet (an outbox enqueue whose READY is
+    written after the commit). Not chunked at all: on a cluster (the results are in different slots)
+    and under an idempotency guard (a guard marks the entry done at the chunk's end, or in the task's
+    own transaction, which must not come before its SUCCESSFUL is written).
     """
 
     shoal_handler_name = ""  # the Handler the admin shows (registry.describe_handler); set by setup.install
 
     def __init__(self, alias):
         self.alias = alias
-        self.local = threading.local()  # per handler thread: .pending, the success not yet written
+        # Per handler thread: .pending (the success not yet written), .begun (this chunk's attempts
+        # started by begin_chunk, by entry id), .done (their successes), .lost.
+        self.local = threading.local()
+        self.durations = {}  # task path -> its runs' moving average (s), shared by the handler threads
 
     def __call__(self, message):
-        return run_message(self.alias, message, self)
+        begun = getattr(self.local, "begun", None)
+        attempt = begun.pop(message.id, None) if begun else None
+        if attempt is None:
+            return run_message(self.alias, message, self)
+        return self._run_begun(attempt)
 
     def defers(self, attempt):
         return attempt.config["IDEMPOTENT"] is None and not is_cluster(attempt.conn)
+
+    def timed(self, path, seconds):
+        """How long a run of the task at ``path`` took (a moving average per path, for begin_chunk)."""
+        previous = self.durations.get(path)
+        self.durations[path] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def begin_chunk(self, chunk):
+        """Start the attempts of the messages of ``chunk`` that can be run in one batch (see the class)."""
+        self.local.begun, self.local.done = {}, []
+        if is_cluster(get_connection()):
+            return
+        attempts, budget = [], BATCHED_START_SECONDS
+        for message in chunk:
+            try:
+                attempt = Attempt(self.alias, message, refuse=False)
+            except Exception:  # noqa: BLE001 -- refused or broken: the handler's call raises it, as ever
+                break
+            # Only a prefix of tasks known to be quick: a result must not show RUNNING long before its
+            # task runs (a slow task ahead of it, or one this thread never timed, ends the batch).
+            expected = self.durations.get(attempt.data["task"])
+            if expected is None or expected > budget:
+                break
+            budget -= expected
+            if (attempt.task.takes_context or not self.defers(attempt) or message.consumer != chunk[0].consumer
+                    or attempt.listened(task_started) or attempt.listened(task_finished)):
+                continue
+            attempts.append(attempt)
+        if not attempts:
+            return
+        try:
+            started = results.started_many(attempts[0].conn, [a.data["id"] for a in attempts], chunk[0].consumer,
+                                           [a.config["RESULT_TTL"] for a in attempts])
+        except Exception:  # noqa: BLE001 -- Redis refused: each task starts alone, and says why
+            logger.debug("Could not start a chunk of %d tasks in one round trip", len(attempts), exc_info=True)
+            return
+        for attempt, (number, errors) in zip(attempts, started):
+            if number:  # 0: no result to start (created and started by the task's own call)
+                attempt.number, attempt.errors_so_far = number, errors
+                attempt.counted(counting.started)
+                log_state(attempt, "RUNNING")
+                self.local.begun[attempt.message.id] = attempt
+
+    def _run_begun(self, attempt):
+        """Run the task of an attempt begin_chunk started; its success is written by end_chunk."""
+        data, func = attempt.data, attempt.task.func
+        started, began = _now_iso(), time.perf_counter()
+        try:
+            if iscoroutinefunction(func):  # enqueued before its function became async
+                value = async_to_sync(func)(*data["args"], **data["kwargs"])
+            else:
+                value = func(*data["args"], **data["kwargs"])
+            value = json.dumps(normalize_json(value))  # TypeError/ValueError: not JSON, this attempt's failure
+        except RejectMessage:
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
+            outcome = attempt.failed(exc)
+            if outcome is exc:
+                raise
+            raise outcome from exc
+        finally:
+            self.timed(data["task"], time.perf_counter() - began)
+        self.local.done.append((attempt, started, _now_iso(), value))
 
     def put(self, attempt):
         self.local.pending = attempt
@@ -188,9 +317,10 @@ class QueueHandler:
         return pending
 
     def end_chunk(self):
-        """Write this thread's last success of the chunk. Returns [(message, exception)] of the
-        entries whose SUCCESSFUL could not be written: not to be acked (their task runs again)."""
+        """Write this thread's successes of the chunk not written yet. Returns [(message, exception)] of
+        the entries whose SUCCESSFUL could not be written: not to be acked (their task runs again)."""
         lost, self.local.lost = getattr(self.local, "lost", []), []
+        lost += self._end_begun()
         pending = self.take()
         if pending is None:
             return lost
@@ -201,6 +331,37 @@ class QueueHandler:
             return [*lost, (pending.message, exc)]
         pending.announce(record)
         return lost
+
+    def _end_begun(self):
+        begun, done = getattr(self.local, "begun", None), getattr(self.local, "done", None)
+        self.local.begun, self.local.done = None, []
+        if begun:  # not reached: handed back by the chunk, to run later as the same attempt's first go
+            first = next(iter(begun.values()))
+            try:
+                results.unstarted_many(first.conn, [(a.data["id"], a.number) for a in begun.values()],
+                                       first.message.consumer)
+            except Exception:  # noqa: BLE001 -- they run later all the same, one attempt more on the record
+                logger.warning("Could not take back the start of %d tasks handed back unrun", len(begun),
+                               exc_info=True)
+        if not done:
+            return []
+        conn = done[0][0].conn
+        try:
+            written = results.succeeded_many(conn, [(a.data["id"], a.config["RESULT_TTL"], a.number, started,
+                                                     finished, value) for a, started, finished, value in done])
+        except Exception as exc:  # noqa: BLE001 -- Redis refused or went away: the entries stay pending
+            return [(attempt.message, exc) for attempt, *_ in done]
+        for (attempt, *_), ok in zip(done, written):
+            if ok:
+                attempt.counted(counting.finished, "SUCCESSFUL")
+                log_state(attempt, "SUCCESSFUL")
+            else:
+                lost(attempt, "SUCCESSFUL")
+        return []
+
+
+def _now_iso():
+    return timezone.now().isoformat()
 
 
 async def run_message_async(alias, message):

@@ -1,0 +1,11 @@
+"""The exceptions of streams_app.tasks."""
+from streams_app.exceptions import StreamsError
+
+
+class EnqueueManyError(StreamsError):
+    """enqueue_many could write only some of its batches: ``enqueued`` holds the TaskResults of the tasks
+    that were enqueued (all earlier batches, whole); none of the failed batch and after it was."""
+
+    def __init__(self, message, enqueued):
+        super().__init__(message)
+        self.enqueued = enqueued
