@@ -9,3 +9,8 @@ class EnqueueManyError(StreamsError):
     def __init__(self, message, enqueued):
         super().__init__(message)
         self.enqueued = enqueued
+
+
+class ReturnValueNotJSON(TypeError):
+    """A task returned a value its result cannot hold (not JSON, or NaN/Infinity): the attempt is FAILED at
+    once, never retried, since running it again would return the same."""

@@ -8,7 +8,7 @@ The public functions (stable: the admin and the metrics read results through the
 - ``discard(conn, result_id, queue)``: remove it again, and its id from the queue's index.
 - ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the
   record, or None (nothing written) when the result does not exist.
-- ``finished(conn, result_id, status, ttl, return_value=None, error=None)``: SUCCESSFUL or FAILED (or
+- ``finished(conn, result_id, status, ttl, return_json=None, error=None)``: SUCCESSFUL or FAILED (or
   READY again when the failure will be retried); ``error``: {"exception_class_path", "traceback"}.
 - ``finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, ...)``: both in one
   round trip (a handler thread going on to its chunk's next task; not on a cluster).
@@ -103,19 +103,19 @@ def started(conn, result_id, worker_id, ttl):
     return _decode(result_id, _pairs(raw)) if raw else None
 
 
-def finished(conn, result_id, status, ttl, return_value=None, error=None):
-    """The end of an attempt: ``status`` SUCCESSFUL (with ``return_value``), FAILED or READY (with
+def finished(conn, result_id, status, ttl, return_json=None, error=None):
+    """The end of an attempt: ``status`` SUCCESSFUL (with ``return_json``, the return value encoded), FAILED or READY (with
     ``error``, READY when it will be run again). Returns the record after the write, or None (and
     writes nothing) when the result is gone: expired, or Redis lost its data while the task ran."""
-    raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_value, error))
+    raw = scripts.run(conn, "task_finished", [key(result_id)], _finish_args(status, ttl, return_json, error))
     return _decode(result_id, _pairs(raw)) if raw else None
 
 
-def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_value=None,
+def finished_then_started(conn, result_id, status, ttl, next_id, worker_id, next_ttl, return_json=None,
                           error=None):
     """``finished`` of ``result_id``, then ``started`` of ``next_id``, in one round trip (not on a
     cluster: the two keys are in different slots). Returns both records (either may be None)."""
-    ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_value, error)
+    ttl_arg, error_arg, *fields = _finish_args(status, ttl, return_json, error)
     done, started_raw = scripts.run(conn, "task_next", [key(result_id), key(next_id)],
                                     [ttl_arg, error_arg, len(fields), *fields, worker_id, _now_iso(), next_ttl])
     return (_decode(result_id, _pairs(done)) if done else None,
@@ -147,12 +147,12 @@ def unstarted_many(conn, begun, worker_id):
                 [worker_id, *(attempt for _, attempt in begun)])
 
 
-def _finish_args(status, ttl, return_value, error):
+def _finish_args(status, ttl, return_json, error):
     fields = ["status", status]
     if status in ("SUCCESSFUL", "FAILED"):
         fields += ["finished_at", _now_iso()]
     if status == "SUCCESSFUL":
-        fields += ["return_value", json.dumps(return_value)]
+        fields += ["return_value", return_json]
     return [ttl, json.dumps(error) if error is not None else "", *fields]
 
 

@@ -31,6 +31,7 @@ from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.tasks import counting, messages, refusals, results
 from streams_app.tasks.backend import StreamsBackend, to_task_result
+from streams_app.tasks.exceptions import ReturnValueNotJSON
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.signalling import listened
 from streams_app.tasks.api import (
@@ -46,7 +47,19 @@ logger = logging.getLogger("streams_app.tasks")
 
 BATCHED_START_SECONDS = 0.05
 """How long the tasks a chunk turns RUNNING in one round trip are expected to run in all, from their
-paths' past runs: beyond that a task starts when it runs (one round trip, as ever)."""
+paths' past runs: beyond that a task starts when it runs (one round trip, as ever). Should the batch run
+past twice that all the same (a usually quick task that was slow this once), the tasks of it not reached
+yet are taken back at once and start one by one, in their order."""
+
+
+def encode_return(value):
+    """The JSON a result holds for a task's return value. ReturnValueNotJSON for a value that is not JSON
+    (Django's normalize_json) or holds NaN or an infinity, which JSON has no spelling for."""
+    try:
+        return json.dumps(normalize_json(value), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ReturnValueNotJSON(f"the task's return value {value!r:.80} cannot be stored as JSON ({exc}): "
+                                 "return None, a bool, a finite number, a str, or lists and dicts of them") from exc
 
 
 class Attempt:
@@ -93,7 +106,7 @@ class Attempt:
         else:
             done, self.record = results.finished_then_started(
                 self.conn, previous.data["id"], "SUCCESSFUL", previous.config["RESULT_TTL"], data["id"],
-                self.message.consumer, ttl, return_value=previous.value)
+                self.message.consumer, ttl, return_json=previous.value)
             previous.written = True
             previous.announce(done)
         if self.record is None:  # an outbox enqueue (READY written after the commit) or an expired result
@@ -112,13 +125,13 @@ class Attempt:
         return args, data["kwargs"]
 
     def succeeded(self, value, defer=False):
-        """SUCCESSFUL with ``value``; with ``defer``, only checked now (a return value that is not
+        """SUCCESSFUL with ``value``; with ``defer``, only encoded now (a return value that is not
         JSON is this attempt's failure) and written by the thread's next start or end_chunk."""
-        self.value = normalize_json(value)  # TypeError/ValueError for a return value that is not JSON: a failure
+        self.value = encode_return(value)
         if defer:
             return
         self.announce(results.finished(self.conn, self.data["id"], "SUCCESSFUL", self.config["RESULT_TTL"],
-                                       return_value=self.value))
+                                       return_json=self.value))
 
     def announce(self, record):
         """task_finished of the SUCCESSFUL ``record``, once written. A receiver's raise is logged: the
@@ -141,7 +154,8 @@ class Attempt:
         data, config = self.data, self.config
         error = {"exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
                  "traceback": "".join(traceback.format_exception(exc))}
-        again = self.errors_so_far < config["MAX_RETRIES"] and self.message.deliveries < config["MAX_DELIVERIES"]
+        again = (not isinstance(exc, ReturnValueNotJSON) and self.errors_so_far < config["MAX_RETRIES"]
+                 and self.message.deliveries < config["MAX_DELIVERIES"])
         record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
                                   error=error)
         if record is None:
@@ -236,9 +250,14 @@ class QueueHandler:
 
     def __call__(self, message):
         begun = getattr(self.local, "begun", None)
-        attempt = begun.pop(message.id, None) if begun else None
+        attempt = begun.get(message.id) if begun else None
         if attempt is None:
             return run_message(self.alias, message, self)
+        if time.perf_counter() - self.local.batch_began > 2 * BATCHED_START_SECONDS:
+            # A task ahead ran long: those not reached must not go on showing RUNNING; each starts as it runs.
+            self._give_back(begun)
+            return run_message(self.alias, message, self)
+        del begun[message.id]
         return self._run_begun(attempt)
 
     def defers(self, attempt):
@@ -278,6 +297,7 @@ class QueueHandler:
         except Exception:  # noqa: BLE001 -- Redis refused: each task starts alone, and says why
             logger.debug("Could not start a chunk of %d tasks in one round trip", len(attempts), exc_info=True)
             return
+        self.local.batch_began = time.perf_counter()
         for attempt, (number, errors) in zip(attempts, started):
             if number:  # 0: no result to start (created and started by the task's own call)
                 attempt.number, attempt.errors_so_far = number, errors
@@ -294,7 +314,7 @@ class QueueHandler:
                 value = async_to_sync(func)(*data["args"], **data["kwargs"])
             else:
                 value = func(*data["args"], **data["kwargs"])
-            value = json.dumps(normalize_json(value))  # TypeError/ValueError: not JSON, this attempt's failure
+            value = encode_return(value)
         except RejectMessage:
             raise
         except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
@@ -326,23 +346,27 @@ class QueueHandler:
             return lost
         try:
             record = results.finished(pending.conn, pending.data["id"], "SUCCESSFUL", pending.config["RESULT_TTL"],
-                                      return_value=pending.value)
+                                      return_json=pending.value)
         except Exception as exc:  # noqa: BLE001 -- Redis refused or went away: the entry stays pending
             return [*lost, (pending.message, exc)]
         pending.announce(record)
         return lost
 
+    def _give_back(self, begun):
+        """Take back the starts of the attempts in ``begun`` (by entry id) that did not run, and empty it."""
+        first = next(iter(begun.values()))
+        try:
+            results.unstarted_many(first.conn, [(a.data["id"], a.number) for a in begun.values()],
+                                   first.message.consumer)
+        except Exception:  # noqa: BLE001 -- they run all the same, one attempt more on the record
+            logger.warning("Could not take back the start of %d tasks not run yet", len(begun), exc_info=True)
+        begun.clear()
+
     def _end_begun(self):
         begun, done = getattr(self.local, "begun", None), getattr(self.local, "done", None)
         self.local.begun, self.local.done = None, []
         if begun:  # not reached: handed back by the chunk, to run later as the same attempt's first go
-            first = next(iter(begun.values()))
-            try:
-                results.unstarted_many(first.conn, [(a.data["id"], a.number) for a in begun.values()],
-                                       first.message.consumer)
-            except Exception:  # noqa: BLE001 -- they run later all the same, one attempt more on the record
-                logger.warning("Could not take back the start of %d tasks handed back unrun", len(begun),
-                               exc_info=True)
+            self._give_back(begun)
         if not done:
             return []
         conn = done[0][0].conn

@@ -85,3 +85,9 @@ def flush_then(outcome):
     if outcome == "raise":
         raise ValueError("after the flush")
     return outcome
+
+
+@task()
+def returns(kind):
+    """A value no result can hold: an object, or a float JSON has no spelling for."""
+    return {"object": object(), "nan": float("nan"), "infinity": float("inf")}[kind]

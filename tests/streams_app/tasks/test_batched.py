@@ -177,3 +177,40 @@ def test_a_batch_redis_refuses_is_taken_back_and_reported(jobs, redis, monkeypat
         enqueue_many(jobs.add, [((1,), {"b": 2})])
     assert caught.value.enqueued == []
     assert not redis.keys("shoal:task:*")
+
+
+def test_a_quick_task_that_runs_long_once_gives_the_batch_behind_it_back(jobs, redis):
+    """Timed as quick, ``sleepy`` runs past twice the batch's budget this once: the tasks behind it do not
+    go on showing RUNNING; their starts are taken back and each starts as it runs, in the chunk's order."""
+    slow, second, third = jobs.sleepy.enqueue(0.15), jobs.add.enqueue(2, 2), jobs.add.enqueue(3, 3)
+    handler = quick(jobs, jobs.add, jobs.sleepy)
+    chunk = delivered(redis)
+    handler.begin_chunk(chunk)
+    assert [results.get(redis, r.id)["status"] for r in (slow, second, third)] == ["RUNNING"] * 3
+    handler(chunk[0])
+    assert [results.get(redis, r.id)["status"] for r in (second, third)] == ["RUNNING"] * 2  # not past it yet
+    handler(chunk[1])
+    assert results.get(redis, third.id)["status"] == "READY"
+    handler(chunk[2])
+    assert handler.end_chunk() == []
+    stored = [r.task.get_result(r.id) for r in (slow, second, third)]
+    assert [(r.status, r.attempts) for r in stored] == [("SUCCESSFUL", 1)] * 3
+    assert stored[0].finished_at <= stored[1].started_at <= stored[2].started_at
+
+
+@pytest.mark.parametrize("kind", ["object", "nan", "infinity"])
+@pytest.mark.parametrize("begun", [False, True], ids=["alone", "in-a-batch"])
+def test_a_return_value_that_is_not_json_fails_at_once_whatever_max_retries(jobs, redis, settings, kind, begun):
+    """Running it again would return the same: FAILED at its first attempt with a reason, never READY, and
+    never SUCCESSFUL with a NaN in the result."""
+    from tests import tasks_settings
+
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"MAX_RETRIES": 2}}}
+    result = jobs.returns.enqueue(kind)
+    handler = quick(jobs, jobs.returns) if begun else QueueHandler("default")
+    outcome = run_chunk(handler, delivered(redis))
+    assert not outcome.acked and len(outcome.failed) == 1
+    stored = jobs.returns.get_result(result.id)
+    assert (stored.status, stored.attempts) == ("FAILED", 1)
+    assert stored.errors[0].exception_class_path == "streams_app.tasks.exceptions.ReturnValueNotJSON"
+    assert "cannot be stored as JSON" in stored.errors[0].traceback
