@@ -10,6 +10,7 @@ The consumers of the queues are declared by streams_app.tasks.setup and run by `
 """
 import json
 import logging
+import secrets
 from datetime import timedelta
 
 import redis
@@ -18,7 +19,6 @@ from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
-from django.utils.crypto import get_random_string
 
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
@@ -110,7 +110,7 @@ class StreamsBackend(BaseTaskBackend):
         """(TaskResult, stream, payload, results record) of one enqueue; TypeError/ValueError, and
         nothing written, for arguments that are not JSON."""
         result = TaskResult(  # normalises args and kwargs: TypeError/ValueError for what is not JSON
-            task=task, id=get_random_string(32), status=TaskResultStatus.READY, enqueued_at=timezone.now(),
+            task=task, id=secrets.token_hex(16), status=TaskResultStatus.READY, enqueued_at=timezone.now(),
             started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
             backend=self.alias, errors=[], worker_ids=[],
         )

@@ -65,6 +65,9 @@ def _now_iso():
     return timezone.now().isoformat()
 
 
+_index_kept = {}  # index key -> when this process last trimmed it (time.time())
+
+
 def create(conn, record, ttl, pipeline=None):
     """Write the READY result of ``record`` (a dict: id, task, backend, queue, priority,
     takes_context, args, kwargs, enqueued_at, run_after) and index it under its queue."""
@@ -80,10 +83,15 @@ def create(conn, record, ttl, pipeline=None):
     result_key = key(record["id"])
     pipe.hset(result_key, mapping=fields)
     pipe.expire(result_key, ttl)
-    now_ms = int(time.time() * 1000)
-    pipe.zadd(index_key(record["queue"]), {record["id"]: now_ms})
-    pipe.zremrangebyscore(index_key(record["queue"]), "-inf", now_ms - ttl * 1000)
-    pipe.expire(index_key(record["queue"]), ttl)
+    now = time.time()
+    index = index_key(record["queue"])
+    pipe.zadd(index, {record["id"]: int(now * 1000)})
+    # The index's expired ids are trimmed, and its own expiry pushed back, once a second per queue and
+    # process, not by every enqueue: ids older than RESULT_TTL stay at most a second longer.
+    if now - _index_kept.get(index, 0) >= 1:
+        _index_kept[index] = now
+        pipe.zremrangebyscore(index, "-inf", int(now * 1000) - ttl * 1000)
+        pipe.expire(index, ttl)
     if pipeline is None:
         pipe.execute()
 

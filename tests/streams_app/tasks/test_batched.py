@@ -1,5 +1,7 @@
 """Issue 44: a chunk's results in two round trips (QueueHandler.begin_chunk/end_chunk), enqueue in one,
 enqueue_many. On one redis-server (a cluster runs tasks one by one: test_backend.py)."""
+import time
+
 import pytest
 
 from shoal_common.redisconn import is_cluster
@@ -214,3 +216,20 @@ def test_a_return_value_that_is_not_json_fails_at_once_whatever_max_retries(jobs
     assert (stored.status, stored.attempts) == ("FAILED", 1)
     assert stored.errors[0].exception_class_path == "streams_app.tasks.exceptions.ReturnValueNotJSON"
     assert "cannot be stored as JSON" in stored.errors[0].traceback
+
+
+def test_the_queue_index_is_trimmed_once_a_second_not_by_every_enqueue(jobs, redis):
+    """ids older than RESULT_TTL leave the queue's index (results.ids) at the first enqueue, then at most
+    once a second per process: the trim is not paid by every enqueue."""
+    index = results.index_key("default")
+    results._index_kept.clear()
+    old_ms = int((time.time() - 8 * 86400) * 1000)  # past the default RESULT_TTL (a week)
+    redis.zadd(index, {"expired1": old_ms})
+    first = jobs.add.enqueue(1, 1)
+    assert redis.zrange(index, 0, -1) == [first.id] and redis.ttl(index) > 0
+    redis.zadd(index, {"expired2": old_ms})
+    second = jobs.add.enqueue(2, 2)
+    assert redis.zrange(index, 0, -1) == ["expired2", first.id, second.id]  # within the second: kept for now
+    results._index_kept.clear()  # as if a second went by
+    third = jobs.add.enqueue(3, 3)
+    assert redis.zrange(index, 0, -1) == [first.id, second.id, third.id]
