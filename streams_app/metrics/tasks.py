@@ -18,3 +18,7 @@ started = Counter("shoal_tasks_started_total", "Task attempts started (a retry o
 succeeded = Counter("shoal_tasks_succeeded_total", "Tasks whose result became SUCCESSFUL.", LABELS)
 failed = Counter("shoal_tasks_failed_total", "Tasks whose result became FAILED (after their retries, if any).",
                  LABELS)
+refused = Counter("shoal_tasks_refused_total", "Task messages refused unrun (a task path that is not a Task of an "
+                  "imported module, a backend that is not a StreamsBackend, a malformed message), by the "
+                  "backend of the consumer that read them: the path in such a message is not to be trusted "
+                  "as a label.", ("backend",))

@@ -17,7 +17,8 @@ _children = {}
 def _child(counter, task_path, queue):
     found = _children.get((counter, task_path, queue))
     if found is None:
-        found = _children[counter, task_path, queue] = counter.labels(task_path, queue)
+        labels = (task_path,) if queue is None else (task_path, queue)
+        found = _children[counter, task_path, queue] = counter.labels(*labels)
     return found
 
 
@@ -27,6 +28,10 @@ def enqueued(task_path, queue, n=1):
 
 def started(task_path, queue, n=1):
     _child(counters.started, task_path, queue).inc(n)
+
+
+def refused(backend):
+    _child(counters.refused, backend, None).inc()
 
 
 def finished(status, task_path, queue, n=1):

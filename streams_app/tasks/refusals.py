@@ -7,13 +7,14 @@ result's error: FAILED, ``attempts`` 0 (nothing ran), the exception class path o
 enqueue not committed yet, an expired one, a message with no usable id) is not created.
 
 Each distinct reason is logged once per process: the consumer's own "handler failed" lines are rate
-limited, and a renamed task refuses every message of its name for the same reason.
+limited, and a renamed task refuses every message of its name for the same reason. Each refusal is
+counted in ``shoal_tasks_refused_total{backend}``.
 """
 import logging
 import threading
 
 from streams_app.connection import get_connection
-from streams_app.tasks import options, results
+from streams_app.tasks import counting, options, results
 from streams_app.tasks.api import task_backends
 
 logger = logging.getLogger("streams_app.tasks")
@@ -25,6 +26,7 @@ _lock = threading.Lock()
 def refuse(alias, payload, exc):
     """Log ``exc``'s reason (once per distinct one) and mark the message's result FAILED with it."""
     reason = str(exc)
+    counting.refused(alias)
     with _lock:
         first = reason not in _logged
         _logged.add(reason)

@@ -94,3 +94,19 @@ def test_a_consumer_serves_the_task_counters_of_its_workers(jobs, redis, run_wor
     assert 'shoal_tasks_started_total{queue="default",task="tests.testapp.tasks.add"} 5.0' in scrape()
     proc.signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+@pytest.mark.django_db
+def test_a_refused_task_message_is_counted_by_backend_not_as_a_failure(jobs, redis):
+    """The path of a refused message is whatever the message says: not a label, the backend alias is."""
+    import json
+
+    refused, failed = value("refused", {"backend": "default"}), value("failed", ADD)
+    jobs.add.enqueue(1, 2)
+    payload = json.loads(redis.xrange("tasks:default")[-1][1]["payload"])
+    redis.xadd("tasks:default", {"payload": json.dumps({**payload, "task": "tests.testapp.tasks.nothing_here"})})
+    with pytest.raises(RejectMessage):
+        run_last(redis)
+    assert value("refused", {"backend": "default"}) - refused == 1
+    assert value("failed", ADD) - failed == 0
+    assert REGISTRY.get_sample_value("shoal_tasks_refused_total", {"backend": "tests.testapp.tasks.nothing_here"}) is None
