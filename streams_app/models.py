@@ -183,7 +183,8 @@ class TaskResult(models.Model):
         managed = False
         verbose_name_plural = "tasks"  # the page lists results by queue: "Tasks" in the admin's index
         default_permissions = ("view",)
-        permissions = [("retry_taskresult", "Can retry a failed task (enqueued again as a new result)")]
+        permissions = [("retry_taskresult", "Can retry a failed task (enqueued again as a new result)"),
+                       ("cancel_taskresult", "Can cancel a task that has not started")]
 
     def __str__(self):
         return f"task result {self.pk}"

@@ -31,6 +31,7 @@ USAGE_ERRORS = {
     "replay": (ONE_SHOT, [["jobs", "--group", "a", "--all", "--bogus"], ["jobs", "--all"], ["jobs", "--group", "a"],
                           ["jobs", "--group", "a", "--all", "--id", "1-0"]]),
     "broadcast": (ONE_SHOT, [["ping", "--bogus"], [], ["ping", "--wait", "x"]]),
+    "canceltask": (ONE_SHOT, [[], ["abc", "--bogus"]]),
     "discover": (ONE_SHOT, [["--bogus"], ["svc", "--drain", "a", "--undrain", "b"], ["\udcff"]]),
 }
 

@@ -5,6 +5,9 @@ of streams_app.tasks.results, LIST_LIMIT per queue), filtered by queue and statu
 one result whatever its queue. A result's page shows its arguments, return value, every error with
 its traceback, its attempts and worker ids, and its times.
 
+"Cancel" (a READY result, permission ``cancel_taskresult``, a confirmation, POST, a LogEntry): the task
+will never run (streams_app/tasks/cancelling.py).
+
 "Retry" (a FAILED result, permission ``retry_taskresult``, a confirmation, POST, a LogEntry)
 enqueues the task again with the same arguments, queue and priority as a **new result** with a new
 id: the failed result stays as it was, so its errors and attempts remain the record of what
@@ -19,7 +22,7 @@ import json
 
 from asgiref.sync import iscoroutinefunction
 from django.contrib import admin, messages
-from django.contrib.admin.models import ADDITION
+from django.contrib.admin.models import ADDITION, CHANGE
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -72,6 +75,7 @@ class TasksPage:
             path("", view(self.list_view), name="streams_app_taskresult_changelist"),
             path("<str:result_id>/", view(self.detail_view), name="streams_app_taskresult_change"),
             path("<str:result_id>/retry/", view(self.retry_view), name="streams_app_taskresult_retry"),
+            path("<str:result_id>/cancel/", view(self.cancel_view), name="streams_app_taskresult_cancel"),
         ]
 
     def _context(self, request, title, **extra):
@@ -154,6 +158,7 @@ class TasksPage:
                 errors=list(enumerate(record["errors"], 1)),
                 can_retry=(record["status"] == "FAILED" and not record["retried_as"]
                            and self.model_admin.has_retry_permission(request)),
+                can_cancel=(record["status"] == "READY" and self.model_admin.has_cancel_permission(request)),
                 retried_url=reverse("admin:streams_app_taskresult_change", args=[record["retried_as"]])
                 if results.valid_id(record["retried_as"]) else "",
                 stream=_stream(record),
@@ -230,6 +235,52 @@ class TasksPage:
         return HttpResponseRedirect(reverse("admin:streams_app_taskresult_change", args=[new.id]))
 
 
+    def cancel_view(self, request, result_id):
+        """Cancel a READY task (streams_app.tasks.cancel): a confirmation, then POST; a LogEntry."""
+        model_admin = self.model_admin
+        if not model_admin.has_cancel_permission(request):
+            raise PermissionDenied
+        if not results.valid_id(result_id):
+            raise Http404("not a task result id")
+        detail = reverse("admin:streams_app_taskresult_change", args=[result_id])
+        if request.method != "POST":
+            return HttpResponseRedirect(detail)  # a GET changes nothing: the result's page has the button
+        record = self._record(request, result_id)
+        if record is None:
+            return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html",
+                                    self._context(request, f"Task result {result_id}", result_id=result_id, record=None))
+        if record["status"] != "READY":
+            model_admin.message_user(request, f"Task result {result_id} is {record['status']}: only a task that has "
+                                              "not started (READY) can be cancelled. Nothing changed.", messages.WARNING)
+            return HttpResponseRedirect(detail)
+        if request.POST.get("post") != "yes":
+            return confirmation(
+                request, model_admin, title=f"Cancel task {record['task']}", action="cancel",
+                items=[f"{record['task']} (result {result_id}) on queue {record['queue']}"],
+                warning="The task will never run: its result becomes FAILED with a TaskCancelled error, and a worker "
+                        "that reads its message acknowledges it unrun. This cannot be undone (Retry on the failed "
+                        "result enqueues it again as a new result).",
+                preview=f"args: {_pretty(record['args'])}\nkwargs: {_pretty(record['kwargs'])}",
+                form_action=request.path)
+        from streams_app.tasks.cancelling import cancel
+
+        try:
+            done = cancel(result_id)
+        except TRANSIENT_ERRORS as exc:
+            model_admin.message_user(request, f"Redis did not answer ({type(exc).__name__}: {exc}): the task may or may "
+                                              "not be cancelled. Its page says which once Redis is back.", messages.ERROR)
+            return HttpResponseRedirect(detail)
+        if not done:
+            model_admin.message_user(request, f"Task result {result_id} started or finished meanwhile: not cancelled.",
+                                     messages.WARNING)
+            return HttpResponseRedirect(detail)
+        log_actions(request, model_admin.model, [(result_id, f"task result {result_id}",
+                                                  f"Cancelled task {record['task']} (result {result_id}) on queue "
+                                                  f"{record['queue']} before it started")], CHANGE)
+        model_admin.message_user(request, f"Cancelled {record['task']} (result {result_id}): it will not run.",
+                                 messages.SUCCESS)
+        return HttpResponseRedirect(detail)
+
     def _already_retried(self, request, result_id, held):
         where = ("a retry of it is being enqueued" if held == results.RETRY_UNDER_WAY
                  else f"it was already retried as new result {held}")
@@ -254,6 +305,9 @@ class TaskResultAdmin(admin.ModelAdmin):
 
     def has_retry_permission(self, request):
         return request.user.has_perm("streams_app.retry_taskresult")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("streams_app.cancel_taskresult")
 
     def get_urls(self):
         return TasksPage(self).urls()

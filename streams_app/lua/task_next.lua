@@ -25,6 +25,9 @@ local worker, now, ttl = ARGV[4 + n], ARGV[5 + n], ARGV[6 + n]
 if redis.call('HEXISTS', nxt, 'task') == 0 then
   return {finished, false}
 end
+if redis.call('HEXISTS', nxt, 'cancelled') == 1 then
+  return {finished, redis.call('HGETALL', nxt)}  -- cancelled: not started (task_started.lua)
+end
 local attempt = redis.call('HINCRBY', nxt, 'attempts', 1)
 redis.call('HSET', nxt, 'status', 'RUNNING', 'last_attempted_at', now, 'worker.' .. attempt, worker)
 redis.call('HSETNX', nxt, 'started_at', now)

@@ -9,6 +9,9 @@ local key, worker, now, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', key, 'task') == 0 then
   return false
 end
+if redis.call('HEXISTS', key, 'cancelled') == 1 then
+  return redis.call('HGETALL', key)  -- cancelled (task_cancel.lua): not started; the caller acks it unrun
+end
 local attempt = redis.call('HINCRBY', key, 'attempts', 1)
 redis.call('HSET', key, 'status', 'RUNNING', 'last_attempted_at', now, 'worker.' .. attempt, worker)
 redis.call('HSETNX', key, 'started_at', now)

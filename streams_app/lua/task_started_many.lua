@@ -7,7 +7,8 @@
 local worker, now = ARGV[1], ARGV[2]
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('HEXISTS', key, 'task') == 1 then
+  -- A cancelled result (task_cancel.lua) is not started: {0, 0}, and the task's own call finds it cancelled.
+  if redis.call('HEXISTS', key, 'task') == 1 and redis.call('HEXISTS', key, 'cancelled') == 0 then
     local attempt = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'status', 'RUNNING', 'last_attempted_at', now, 'worker.' .. attempt, worker)
     redis.call('HSETNX', key, 'started_at', now)

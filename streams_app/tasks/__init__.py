@@ -19,4 +19,12 @@ def __getattr__(name):
         from streams_app.tasks.bulk import enqueue_many
 
         return enqueue_many
+    if name == "cancel":
+        from streams_app.tasks.cancelling import cancel
+
+        return cancel
+    if name in ("TaskCancelled", "ReturnValueNotJSON", "EnqueueManyError"):
+        from streams_app.tasks import exceptions
+
+        return getattr(exceptions, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,3 +14,7 @@ class EnqueueManyError(StreamsError):
 class ReturnValueNotJSON(TypeError):
     """A task returned a value its result cannot hold (not JSON, or NaN/Infinity): the attempt is FAILED at
     once, never retried, since running it again would return the same."""
+
+
+class TaskCancelled(Exception):
+    """The error of a result that ``streams_app.tasks.cancel`` cancelled before it started: its task never ran."""

@@ -202,6 +202,12 @@ def retried(conn, result_id, new_id):
     conn.hset(key(result_id), "retried_as", new_id)
 
 
+def cancel(conn, result_id, error, ttl):
+    """Mark the READY result ``result_id`` FAILED with ``error``, never to start (task_cancel.lua). True
+    when it is cancelled (now or before); False when it runs, ran, or does not exist."""
+    return bool(scripts.run(conn, "task_cancel", [key(result_id)], [_now_iso(), json.dumps(error), ttl]))
+
+
 def unclaim_retry(conn, result_id):
     """Release a claim whose enqueue did not happen, so the retry can be asked again."""
     conn.hdel(key(result_id), "retried_as")
@@ -228,6 +234,7 @@ def _decode(result_id, raw):
         value = fields.get(name)
         record[name] = json.loads(value) if value else None
     record["retried_as"] = fields.get("retried_as")
+    record["cancelled"] = "cancelled" in fields
     record["args"] = record["args"] or []
     record["kwargs"] = record["kwargs"] or {}
     record["worker_ids"] = [fields[f"worker.{n}"] for n in range(1, int(fields.get("attempts") or 0) + 1)

@@ -62,6 +62,11 @@ def encode_return(value):
                                  "return None, a bool, a finite number, a str, or lists and dicts of them") from exc
 
 
+class Cancelled(Exception):
+    """Attempt.start found the result cancelled (streams_app/tasks/cancelling.py): the handler returns
+    without running the task, so its entry is acked."""
+
+
 class Attempt:
     """One run of one task message: what both handlers (sync and async) do before and after the call."""
 
@@ -114,6 +119,9 @@ class Attempt:
                 "id", "task", "backend", "queue", "priority", "takes_context", "args", "kwargs")},
                 "enqueued_at": None, "run_after": None}, ttl)
             self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
+        if self.record["cancelled"]:  # streams_app.tasks.cancel: never started, acked unrun
+            logger.info("Task %s (result %s) was cancelled: not run", data["task"], data["id"])
+            raise Cancelled
         self.errors_so_far = len(self.record["errors"])
         self.counted(counting.started)
         if not (self.task.takes_context or self.listened(task_started)):
@@ -192,6 +200,8 @@ def run_message(alias, message, handler=None):
     previous = handler.take() if handler is not None else None
     try:
         args, kwargs = attempt.start(previous)
+    except Cancelled:
+        return
     except Exception as exc:
         if previous is not None and not previous.written:
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
@@ -392,7 +402,10 @@ async def run_message_async(alias, message):
     """The handler of a queue's async consumer (``tasks:Q:async``, on the worker's event loop): the
     Redis writes and signals in a thread, the task awaited on the loop."""
     attempt = await asyncio.to_thread(Attempt, alias, message)
-    args, kwargs = await asyncio.to_thread(attempt.start)
+    try:
+        args, kwargs = await asyncio.to_thread(attempt.start)
+    except Cancelled:
+        return
     func = attempt.task.func
     try:
         value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)

@@ -242,3 +242,43 @@ def test_the_groups_list_names_a_task_queues_handler_readably_not_as_a_partial_r
     handlers = {g.stream.name: g.handler for g in ConsumerGroup.objects.filter(name="workers")}
     assert handlers == {"tasks:emails": "Django tasks (queue emails, backend default)",
                         "tasks:emails:async": "Django tasks (queue emails, async tasks, backend default)"}
+
+
+CANCEL = "streams_app.cancel_taskresult"
+
+
+def test_cancel_needs_its_permission_confirms_and_writes_an_audit_entry(staff_client, jobs, redis):
+    from django.contrib.admin.models import CHANGE
+
+    queued = jobs.add.enqueue(1, 2)
+    cancel_url = f"{TASKS}{queued.id}/cancel/"
+    viewer = staff_client(VIEW, RETRY)
+    assert "Cancel (it will never run)" not in viewer.get(f"{TASKS}{queued.id}/").content.decode()
+    assert viewer.post(cancel_url, {"action": "cancel", "post": "yes"}).status_code == 403
+    assert jobs.add.get_result(queued.id).status == "READY"
+
+    client = staff_client(VIEW, CANCEL)
+    assert "Cancel (it will never run)" in client.get(f"{TASKS}{queued.id}/").content.decode()
+    assert client.get(cancel_url).status_code == 302  # a GET changes nothing
+    confirm = client.post(cancel_url, {"action": "cancel"})
+    assert confirm.status_code == 200 and "Are you sure?" in confirm.content.decode()
+    assert jobs.add.get_result(queued.id).status == "READY"
+    done = client.post(cancel_url, {"action": "cancel", "post": "yes"}, follow=True)
+    assert any("it will not run" in str(m) for m in done.context["messages"])
+    stored = jobs.add.get_result(queued.id)
+    assert stored.status == "FAILED" and stored.errors[0].exception_class.__name__ == "TaskCancelled"
+    [entry] = LogEntry.objects.filter(action_flag=CHANGE, object_id=queued.id)
+    assert "Cancelled task tests.testapp.tasks.add" in entry.change_message and entry.user.username == "staff1"
+    again = client.post(cancel_url, {"action": "cancel", "post": "yes"}, follow=True)  # resubmitted: refused
+    assert any("only a task that has not started" in str(m) for m in again.context["messages"])
+    assert LogEntry.objects.filter(action_flag=CHANGE, object_id=queued.id).count() == 1
+    assert "Cancel (it will never run)" not in client.get(f"{TASKS}{queued.id}/").content.decode()
+
+
+def test_cancel_needs_csrf(jobs, redis, staff_client):
+    queued = jobs.add.enqueue(1, 2)
+    staff_client(VIEW, CANCEL)
+    checked = Client(enforce_csrf_checks=True)
+    checked.force_login(User.objects.get(username="staff0"))
+    assert checked.post(f"{TASKS}{queued.id}/cancel/", {"action": "cancel", "post": "yes"}).status_code == 403
+    assert jobs.add.get_result(queued.id).status == "READY"
