@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
+from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import diverted, publish
@@ -69,8 +70,13 @@ class StreamsBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
+        result_id = get_random_string(32)
+        with tracing.task(task.module_path, result_id):  # the publish span names the task
+            return self._enqueue(task, args, kwargs, result_id)
+
+    def _enqueue(self, task, args, kwargs, result_id):
         result = TaskResult(  # normalises args and kwargs: TypeError/ValueError for what is not JSON
-            task=task, id=get_random_string(32), status=TaskResultStatus.READY, enqueued_at=timezone.now(),
+            task=task, id=result_id, status=TaskResultStatus.READY, enqueued_at=timezone.now(),
             started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
             backend=self.alias, errors=[], worker_ids=[],
         )

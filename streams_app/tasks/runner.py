@@ -24,6 +24,7 @@ import traceback
 from asgiref.sync import async_to_sync, iscoroutinefunction
 
 from shoal_common.redisconn import is_cluster
+from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.tasks import messages, refusals, results
@@ -44,6 +45,7 @@ class Attempt:
             self.backend = task_backends[data.get("backend") or alias]
             if not isinstance(self.backend, StreamsBackend):
                 raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
+            tracing.task_run(data["task"], str(data["id"]))  # the CONSUMER span names the task
             task = find_task(data["task"])
         except RejectMessage as exc:
             refusals.refuse(alias, message.payload, exc)  # its result FAILED, not READY until it expires
