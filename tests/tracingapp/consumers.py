@@ -1,0 +1,18 @@
+"""Handlers of the tracing tests (tests/streams_app/test_tracing_processes.py): one sync, one async, one that
+raises (two deliveries: a retry, then the dead-letter stream)."""
+from streams_app import consumer
+
+
+@consumer("traced", group="sync")
+def traced_sync(message):
+    pass
+
+
+@consumer("traced-async", group="async")
+async def traced_async(message):
+    pass
+
+
+@consumer("traced-fail", group="g", max_deliveries=2, retry_backoff=(0.1, 0.2))
+def traced_fails(message):
+    raise ValueError(f"traced failure of {message.payload!r}")
