@@ -150,3 +150,21 @@ def test_an_outbox_publish_keeps_the_context_of_its_publish_call_not_the_relays(
     [span] = wait_spans(spans, "process traced", "CONSUMER", 1)
     assert span["context"]["trace_id"] == request["trace_id"]
     assert span["parent_id"] == producer["context"]["span_id"]
+
+
+def test_an_entry_taken_over_from_a_killed_consumer_runs_in_a_span_with_a_takeover_event(traced_consumer,
+                                                                                         redis_server, tmp_path):
+    marker = tmp_path / "first-delivery"
+    fast = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
+    env = {"SHOAL_TEST_MARKER": str(marker), "SHOAL_TEST_STREAMS": json.dumps({**FAST, **fast})}
+    first = traced_consumer("traced-slow:g", env=env)
+    redis_server.client().xadd("traced-slow", {"payload": "{}"})
+    wait_for(marker.exists, timeout=60, what="the first delivery running")
+    first.kill()
+    second = traced_consumer("traced-slow:g", env=env)
+    try:
+        [span] = wait_spans(traced_consumer.spans, "process traced-slow", "CONSUMER", 1)
+    except AssertionError:
+        raise AssertionError(second.output()) from None
+    assert span["attributes"]["messaging.message.id"] == marker.read_text()
+    assert "shoal.takeover" in event_names(span)
