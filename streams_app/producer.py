@@ -11,7 +11,7 @@ import redis
 from redis.exceptions import AskError, MovedError
 
 from streams_app import codec as codecs
-from streams_app import partitions, scheduled
+from streams_app import partitions, scheduled, tracing
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
@@ -221,6 +221,19 @@ def publish(stream: str, payload: Any, *, key: str | None = None, headers: Mappi
     raise NotReplicatedError (with the stored ``id``) when fewer confirm in time. Replication is
     asynchronous otherwise: an entry a master acknowledged and then lost in a crash is gone.
     """
+    args = (stream, payload, key, maxlen, pipeline, codec, outbox, using, replicas, replicas_timeout_ms, run_after)
+    if not tracing.active():
+        return _publish(headers, *args)
+    with tracing.publishing(stream, headers, outbox=outbox) as traced:
+        entry_id = _publish(traced.headers, *args)
+        if not outbox:  # an outbox publish returns the message key: the entry does not exist yet
+            traced.sent(entry_id)
+        return entry_id
+
+
+def _publish(headers: Mapping[str, Any] | None, stream: str, payload: Any, key: str | None, maxlen: int | None,
+             pipeline: Any, codec: str | None, outbox: bool, using: str, replicas: int | None,
+             replicas_timeout_ms: int, run_after: datetime.datetime | datetime.timedelta | None) -> str | None:
     validate_stream_name(stream)
     _check_replicas(replicas, outbox, replicas_timeout_ms)
     if replicas is not None and pipeline is not None:
@@ -328,6 +341,21 @@ def publish_many(stream: str, payloads: Iterable[Any], *, keys: Iterable[str | N
     entries, once, after its last batch, until n of its replicas have them; raise
     NotReplicatedError (``ids`` stored, ``unconfirmed`` indexes) when fewer confirm in time.
     """
+    if not tracing.active():
+        return _publish_many(stream, payloads, keys, headers, maxlen, codec, outbox, using, replicas,
+                             replicas_timeout_ms, run_after)
+    if not isinstance(payloads, (list, tuple, str, bytes, bytearray, Mapping)):
+        payloads = list(payloads)  # counted for the span; _publish_many lists them anyway
+    count = len(payloads) if isinstance(payloads, (list, tuple)) else 1
+    with tracing.publishing(stream, headers, count, outbox=outbox) as traced:
+        return _publish_many(stream, payloads, keys, traced.headers, maxlen, codec, outbox, using, replicas,
+                             replicas_timeout_ms, run_after)
+
+
+def _publish_many(stream: str, payloads: Iterable[Any], keys: Iterable[str | None] | None,
+                  headers: Mapping[str, Any] | None, maxlen: int | None, codec: str | None, outbox: bool, using: str,
+                  replicas: int | None, replicas_timeout_ms: int,
+                  run_after: datetime.datetime | datetime.timedelta | None) -> list[str]:
     validate_stream_name(stream)
     _check_replicas(replicas, outbox, replicas_timeout_ms)
     _check_maxlen(maxlen)

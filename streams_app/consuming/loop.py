@@ -28,7 +28,7 @@ import redis
 from shoal_common.backoff import backoff_delay
 from shoal_common.redis_errors import is_lost_group, is_oom, is_unblocked
 from shoal_common.text import to_text
-from streams_app import scripts
+from streams_app import scripts, tracing
 from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
 from streams_app.consuming import bands, refusals
 from streams_app.consuming.alone import gate
@@ -90,6 +90,8 @@ class GroupLoop(TakeOver):
         self.retry_base, self.retry_cap = backoff_policy(spec, config)
         self.error_ttl = config["ERROR_TTL"]
         self.guard = make_guard(spec, conn, config)
+        # None without opentelemetry; else it wraps the handler in spans while a tracer provider is set.
+        self.tracing = tracing.for_consumer(self.max_deliveries, self._retry_delay, dead_letter_key(self.stream))
         # Delivery counts follow handler runs (runs.py), unless STREAMS["COUNT_HANDLER_RUNS"] trades that for speed.
         self.runs = (RunLedger(conn, self.stream, self.group, consumer, self._retried, self._refused)
                      if config["COUNT_HANDLER_RUNS"] else None)
@@ -400,7 +402,8 @@ class GroupLoop(TakeOver):
                 # Refused at maxmemory: each chunk charges its entries while it runs (runs._charge), so a
                 # death then charges a whole chunk, returned entries included: chunks of one entry.
                 chunks = [[message] for chunk in chunks for message in chunk]
-        argsets = [(self.spec.handler, chunk, self.guard, self.chunk_budget, *ahead) for chunk in chunks]
+        handler = self.spec.handler if self.tracing is None else self.tracing.handler(self.spec.handler, self.spec.is_async)
+        argsets = [(handler, chunk, self.guard, self.chunk_budget, *ahead) for chunk in chunks]
         submit_many = getattr(self.executor, "submit_many", None)  # the event loop: one wake-up for all
         if submit_many is not None:
             futures = submit_many(self.run_chunk, argsets)
@@ -410,7 +413,7 @@ class GroupLoop(TakeOver):
         for message in suspects:
             self.suspect_runs.add(message.id)
             chunks.append([message])
-            futures.append(self.executor.submit(alone, self.run_chunk, self.spec.handler, [message], self.guard,
+            futures.append(self.executor.submit(alone, self.run_chunk, handler, [message], self.guard,
                                                 self.chunk_budget, *extra))
         for future, chunk in zip(futures, chunks):
             self.chunks[future] = chunk
@@ -522,8 +525,11 @@ class GroupLoop(TakeOver):
             logger.warning("Consumer %s: could not take back the delivery count of %d entries of %s/%s that did "
                            "not run: %s", self.consumer, len(messages), self.stream, self.group, exc)
 
+    def _retry_delay(self, deliveries):
+        return backoff_seconds(deliveries, self.retry_base, self.retry_cap)
+
     def _schedule_retry(self, entry_id, deliveries):
-        due = self.clock() + backoff_seconds(deliveries, self.retry_base, self.retry_cap)
+        due = self.clock() + self._retry_delay(deliveries)
         heapq.heappush(self.retries, (due, entry_id, deliveries))
 
     def flush_failures(self):

@@ -37,11 +37,14 @@ class TakeOver:
         entries = self._due_retries(capacity, now)
         if not self.ready:  # the group was found lost: put back what is held before claiming anything
             return entries
+        taken = []
         if len(entries) < capacity and self.claim_cursor is None and now >= self.next_claim:
-            entries += self._claim_from_dead(capacity - len(entries), now)
-        if len(entries) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
-            entries += self._claim_abandoned(capacity - len(entries), now)
-        return entries
+            taken += self._claim_from_dead(capacity - len(entries), now)
+        if len(entries) + len(taken) < capacity and (self.claim_cursor is not None or now >= self.next_claim):
+            taken += self._claim_abandoned(capacity - len(entries) - len(taken), now)
+        if taken and self.tracing is not None:
+            self.tracing.took_over(taken)  # their spans say they were taken over
+        return entries + taken
 
     def _claim_from_dead(self, room, now):
         """Entries of consumers known dead: no pending timeout to wait, only their retry back-off.

@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
+from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import diverted, publish
@@ -80,6 +81,10 @@ class StreamsBackend(BaseTaskBackend):
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
         result, stream, payload, record = self._prepared(task, args, kwargs)
+        with tracing.task(task.module_path, result.id):  # the publish span names the task
+            return self._enqueue(task, result, stream, payload, record)
+
+    def _enqueue(self, task, result, stream, payload, record):
         ttl = self.config["RESULT_TTL"]
         if diverted():  # a test's capture_publishes: the message is recorded, and no result goes to Redis
             publish(stream, payload, key=result.id, outbox=self.config["OUTBOX"], using=self.config["DATABASE"],

@@ -27,6 +27,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils import timezone
 
 from shoal_common.redisconn import is_cluster
+from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.tasks import counting, messages, refusals, results
@@ -77,6 +78,8 @@ class Attempt:
             self.backend = task_backends[data.get("backend") or alias]
             if not isinstance(self.backend, StreamsBackend):
                 raise RejectMessage(f"backend {data.get('backend')!r} of task {data['task']!r} is not a StreamsBackend")
+            if refuse:  # the handler's own call, in the message's CONSUMER span: the span names the task
+                tracing.task_run(data["task"], str(data["id"]))
             task = find_task(data["task"])
         except RejectMessage as exc:
             if refuse:  # QueueHandler.begin_chunk only looks: the handler's own call refuses it
@@ -318,6 +321,7 @@ class QueueHandler:
     def _run_begun(self, attempt):
         """Run the task of an attempt begin_chunk started; its success is written by end_chunk."""
         data, func = attempt.data, attempt.task.func
+        tracing.task_run(data["task"], str(data["id"]))  # begun by begin_chunk, outside this message's span
         started, began = _now_iso(), time.perf_counter()
         try:
             if iscoroutinefunction(func):  # enqueued before its function became async

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TracingAppConfig(AppConfig):
+    name = "tests.tracingapp"
+    label = "tracingapp"
