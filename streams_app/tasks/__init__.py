@@ -19,6 +19,14 @@ def __getattr__(name):
         from streams_app.tasks.bulk import enqueue_many
 
         return enqueue_many
+    if name in ("Retry", "exponential", "ShoalTask"):
+        from streams_app.tasks import retries
+
+        return getattr(retries, name)
+    if name == "task":
+        from streams_app.tasks.decorator import task
+
+        return task
     if name == "cancel":
         from streams_app.tasks.cancelling import cancel
 

@@ -3,7 +3,7 @@ the ``django-tasks`` backport (Django 5.2: ``pip install django-shoal[tasks]``).
 of streams_app.tasks imports these names from here, never from either package.
 """
 try:
-    from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus, task, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -11,7 +11,7 @@ try:
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 except ImportError:  # Django 5.2: the backport, under its own name
-    from django_tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django_tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus, task, task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
@@ -28,5 +28,5 @@ tasks_logger = _signals.logger
 __all__ = [
     "DEFAULT_TASK_QUEUE_NAME", "TASK_MAX_PRIORITY", "TASK_MIN_PRIORITY", "BaseTaskBackend", "DJANGO_LOG_RECEIVERS", "InvalidTask", "Task",
     "TaskContext", "TaskError", "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "normalize_json",
-    "task_backends", "task_enqueued", "task_finished", "task_started", "tasks_logger",
+    "task", "task_backends", "task_enqueued", "task_finished", "task_started", "tasks_logger",
 ]

@@ -25,7 +25,7 @@ from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import diverted, publish
 from shoal_common.redisconn import is_cluster
-from streams_app.tasks import counting, messages, options, results
+from streams_app.tasks import counting, messages, options, results, retries
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.api import (
     BaseTaskBackend,
@@ -55,6 +55,8 @@ class StreamsBackend(BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
+    # Django's @task(...) passes the arguments it does not know to task_class: max_attempts, backoff, retry_on.
+    task_class = retries.ShoalTask
 
     def __init__(self, alias, params):
         if not options.valid_queues(params):
@@ -73,6 +75,7 @@ class StreamsBackend(BaseTaskBackend):
                 raise InvalidTask(f"run_after must not be a negative timedelta ({task.run_after!r}).")
             object.__setattr__(task, "run_after", timezone.now() + task.run_after)
         super().validate_task(task)
+        retries.validate(task)
         # A queue name becomes part of a stream name (":high" and ":low" name its bands) and of
         # runconsumer's STREAM:GROUP selector.
         if not task.queue_name or any(char.isspace() or char == ":" for char in task.queue_name):

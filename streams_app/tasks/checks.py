@@ -1,6 +1,6 @@
 """System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063)."""
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 from streams_app.names import validate_stream_name
 from streams_app.tasks import messages, options
@@ -18,6 +18,11 @@ def check_tasks_settings(app_configs=None, **kwargs):
         errors += [Error(f"{where}['OPTIONS']: {problem}.", hint=HINT, id="streams_app.E060")
                    for problem in options.problems(params.get("OPTIONS", {}))]
         given = params.get("OPTIONS") or {}
+        if isinstance(given, dict) and given.get("MAX_RETRIES") and "MAX_ATTEMPTS" not in given:
+            errors.append(Warning(f"{where}['OPTIONS']['MAX_RETRIES'] is deprecated.",
+                                  hint=f"Write MAX_ATTEMPTS = {given['MAX_RETRIES'] + 1 if isinstance(given['MAX_RETRIES'], int) else 'n + 1'} "
+                                       "instead (attempts in all, as @task(max_attempts=) counts them); it means "
+                                       "the same. See docs/tasks.md, \"Retries\".", id="streams_app.W060"))
         database = given.get("DATABASE", "default") if isinstance(given, dict) else "default"
         if isinstance(database, str) and database not in settings.DATABASES:  # else the first outbox enqueue fails
             errors.append(Error(f"{where}['OPTIONS']['DATABASE'] names no database: {database!r} is not in DATABASES.",

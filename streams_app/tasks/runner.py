@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import traceback
+from datetime import timedelta
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils import timezone
@@ -30,7 +31,8 @@ from shoal_common.redisconn import is_cluster
 from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.tasks import counting, messages, refusals, results
+from streams_app.producer import publish
+from streams_app.tasks import counting, messages, refusals, results, retries
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.exceptions import ReturnValueNotJSON
 from streams_app.tasks.lookup import find_task
@@ -160,26 +162,64 @@ class Attempt:
             logger.exception("task_finished receiver failed for task %s (result %s)", self.data["task"], self.data["id"])
 
     def failed(self, exc):
-        """Record the error; returns the exception for the consumer to raise: ``exc`` itself when the
-        task is to be retried (READY), else RejectMessage (FAILED, dead-lettered at once)."""
+        """Record the error; returns what the handler does next: None when the task is retried as a
+        deferred message (the entry that failed is acked: a waiting retry holds no pending entry),
+        ``exc`` itself for the consumer to retry the entry (under an idempotency guard, whose mark a
+        finished entry would set, and when the retry could not be published), else RejectMessage
+        (FAILED, dead-lettered at once)."""
         data, config = self.data, self.config
-        error = {"exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                 "traceback": "".join(traceback.format_exception(exc))}
-        again = (not isinstance(exc, ReturnValueNotJSON) and self.errors_so_far < config["MAX_RETRIES"]
-                 and self.message.deliveries < config["MAX_DELIVERIES"])
-        record = results.finished(self.conn, data["id"], "READY" if again else "FAILED", config["RESULT_TTL"],
-                                  error=error)
+        attempt = self.errors_so_far + 1  # the attempts that failed, this one included
+        max_attempts, backoff, retry_on = retries.policy(self.task, config)
+        again = (attempt < max_attempts and not isinstance(exc, ReturnValueNotJSON)
+                 and isinstance(exc, (retries.Retry, *retry_on)))
+        guarded = config["IDEMPOTENT"] is not None
+        if guarded and self.message.deliveries >= config["MAX_DELIVERIES"]:
+            again = False
+        delay = problem = None
+        if again and not guarded:
+            try:
+                delay = retries.delay(backoff, attempt, exc)
+            except retries.BackoffError as found:
+                again, problem = False, found
+        record = results.finished(self.conn, data["id"], "READY" if again or problem else "FAILED",
+                                  config["RESULT_TTL"], error=_error(exc))
+        if problem is not None and record is not None:  # the backoff's own error after the attempt's
+            record = results.finished(self.conn, data["id"], "FAILED", config["RESULT_TTL"], error=_error(problem))
         if record is None:
             lost(self, "READY" if again else "FAILED")
-        if again:
+        if again and guarded:
             return exc
+        if again:
+            return self._retry_later(exc, attempt, max_attempts, delay)
         if record is not None:
             self.counted(counting.finished, "FAILED")
             if self.listened(task_finished):
                 task_finished.send(self.sender, task_result=to_task_result(record, self.task))
             elif tasks_logger.isEnabledFor(logging.ERROR):  # Django's receiver logs a failure with its traceback
                 tasks_logger.error("Task id=%s path=%s state=%s", data["id"], data["task"], "FAILED", exc_info=exc)
-        return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(exc).__name__}: {exc}")
+        cause = problem if problem is not None else exc
+        return RejectMessage(f"task {data['task']} (result {data['id']}) FAILED: {type(cause).__name__}: {cause}")
+
+    def _retry_later(self, exc, attempt, max_attempts, delay):
+        """Publish the task's message again, due in ``delay`` seconds; None (ack the failed entry), or ``exc``
+        when the publish failed: the consumer then retries the entry itself, so nothing is lost."""
+        data, task = self.data, self.task
+        stream = messages.stream_for(task.queue_name, task.priority, iscoroutinefunction(task.func))
+        try:
+            publish(stream, self.message.payload, key=data["id"],
+                    run_after=timedelta(seconds=delay) if delay > 0 else None)
+        except Exception:  # noqa: BLE001 -- Redis refused: the pending entry is the retry instead
+            logger.warning("Could not publish the retry of task %s (result %s); the consumer retries its entry",
+                           data["task"], data["id"], exc_info=True)
+            return exc
+        logger.info("Task %s (result %s): attempt %d of %d failed (%s: %s); retried in %.1f s", data["task"],
+                    data["id"], attempt, max_attempts, type(exc).__name__, exc, delay)
+        return None
+
+
+def _error(exc):
+    return {"exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "traceback": "".join(traceback.format_exception(exc))}
 
 
 def log_state(attempt, status):
@@ -219,6 +259,8 @@ def run_message(alias, message, handler=None):
         raise
     except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
         outcome = attempt.failed(exc)
+        if outcome is None:  # retried as a deferred message: this entry is done
+            return
         if outcome is exc:
             raise
         raise outcome from exc
@@ -333,6 +375,8 @@ class QueueHandler:
             raise
         except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
             outcome = attempt.failed(exc)
+            if outcome is None:  # retried as a deferred message: this entry is done
+                return
             if outcome is exc:
                 raise
             raise outcome from exc
@@ -420,6 +464,8 @@ async def run_message_async(alias, message):
         raise
     except BaseException as exc:  # noqa: BLE001
         outcome = await asyncio.to_thread(attempt.failed, exc)
+        if outcome is None:  # retried as a deferred message: this entry is done
+            return
         if outcome is exc:
             raise
         raise outcome from exc

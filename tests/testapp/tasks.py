@@ -91,3 +91,62 @@ def flush_then(outcome):
 def returns(kind):
     """A value no result can hold: an object, or a float JSON has no spelling for."""
     return {"object": object(), "nan": float("nan"), "infinity": float("inf")}[kind]
+
+
+# -- per-task retries (streams_app.tasks.task; tests/streams_app/tasks/test_retries.py) ---------------
+
+from streams_app.tasks import Retry  # noqa: E402
+from streams_app.tasks import task as shoal_task  # noqa: E402
+
+
+def _runs(path):
+    """One more run of the task counting in ``path``: the number of runs so far, this one included."""
+    with open(path, "a") as out:
+        out.write("x")
+    with open(path) as counted:
+        return len(counted.read())
+
+
+@shoal_task(max_attempts=3, backoff=0)
+def flaky(path, failures):
+    """Raises ConnectionError in its first ``failures`` runs, then returns the number of runs it took."""
+    runs = _runs(path)
+    if runs <= failures:
+        raise ConnectionError(f"run {runs} failed")
+    return runs
+
+
+@shoal_task(max_attempts=2, backoff=5)
+def flaky_later(path, failures):
+    """flaky, whose retry waits 5 s: long enough to see it wait."""
+    runs = _runs(path)
+    if runs <= failures:
+        raise ConnectionError(f"run {runs} failed")
+    return runs
+
+
+@shoal_task(max_attempts=3, backoff=0, retry_on=(ConnectionError,))
+def picky(kind):
+    raise {"connection": ConnectionError, "value": ValueError}[kind](kind)
+
+
+@shoal_task(max_attempts=3, backoff=60)
+def asks_again(path):
+    """Asks for its retry at once (Retry(after=0)) the first time, whatever its backoff."""
+    if _runs(path) == 1:
+        raise Retry(after=0, reason="not yet")
+    return "done"
+
+
+def _raising_backoff(attempt):
+    raise ZeroDivisionError("backoff bug")
+
+
+@shoal_task(max_attempts=3, backoff=_raising_backoff)
+def backoff_raises():
+    raise ConnectionError("the attempt's own error")
+
+
+@shoal_task(max_attempts=3, backoff=lambda attempt: -1)
+def backoff_negative():
+    raise ConnectionError("the attempt's own error")
