@@ -52,7 +52,8 @@ BATCHED_START_SECONDS = 0.05
 """How long the tasks a chunk turns RUNNING in one round trip are expected to run in all, from their
 paths' past runs: beyond that a task starts when it runs (one round trip, as ever). Should the batch run
 past twice that all the same (a usually quick task that was slow this once), the tasks of it not reached
-yet are taken back at once and start one by one, in their order."""
+yet are taken back when that task ends and start one by one, in their order. Until then the batch's
+results show RUNNING, the finished ones too: nothing interrupts the running task to write them."""
 
 
 def encode_return(value):
@@ -60,14 +61,24 @@ def encode_return(value):
     (Django's normalize_json) or holds NaN or an infinity, which JSON has no spelling for."""
     try:
         return json.dumps(normalize_json(value), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ReturnValueNotJSON(f"the task's return value {value!r:.80} cannot be stored as JSON ({exc}): "
-                                 "return None, a bool, a finite number, a str, or lists and dicts of them") from exc
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: a list that holds itself
+        # Not the value's repr: it may raise, or be megabytes (an int of 5,000 digits).
+        raise ReturnValueNotJSON(f"the task's return value (a {type(value).__qualname__}) cannot be stored as "
+                                 f"JSON ({type(exc).__name__}: {str(exc)[:200]}): return None, a bool, a finite "
+                                 "number, a str, or lists and dicts of them") from exc
 
 
 class Cancelled(Exception):
     """Attempt.start found the result cancelled (streams_app/tasks/cancelling.py): the handler returns
     without running the task, so its entry is acked."""
+
+
+class StartFailed(Exception):
+    """A task_started receiver raised: the attempt's failure, recorded as if the task had raised it."""
+
+    def __init__(self, exc):
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 class Attempt:
@@ -133,7 +144,10 @@ class Attempt:
             log_state(self, "RUNNING")
             return data["args"], data["kwargs"]
         result = to_task_result(self.record, self.task)
-        task_started.send(self.sender, task_result=result)
+        try:
+            task_started.send(self.sender, task_result=result)
+        except Exception as exc:  # the result is RUNNING: it must not stay so, whatever the consumer does next
+            raise StartFailed(exc) from exc
         args = [TaskContext(task_result=result), *data["args"]] if self.task.takes_context else data["args"]
         return args, data["kwargs"]
 
@@ -245,6 +259,11 @@ def run_message(alias, message, handler=None):
         args, kwargs = attempt.start(previous)
     except Cancelled:
         return
+    except StartFailed as failure:
+        outcome = attempt.failed(failure.exc)
+        if outcome is None:
+            return
+        raise outcome if outcome is not failure.exc else failure.exc
     except Exception as exc:
         if previous is not None and not previous.written:
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
@@ -454,6 +473,11 @@ async def run_message_async(alias, message):
         args, kwargs = await asyncio.to_thread(attempt.start)
     except Cancelled:
         return
+    except StartFailed as failure:
+        outcome = await asyncio.to_thread(attempt.failed, failure.exc)
+        if outcome is None:
+            return
+        raise outcome if outcome is not failure.exc else failure.exc
     func = attempt.task.func
     try:
         value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)

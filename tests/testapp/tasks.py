@@ -90,7 +90,20 @@ def flush_then(outcome):
 @task()
 def returns(kind):
     """A value no result can hold: an object, or a float JSON has no spelling for."""
+    if kind == "itself":
+        itself = []
+        itself.append(itself)
+        return itself
+    if kind == "huge":
+        return 10 ** 5000  # json.dumps refuses an int of over 4,300 digits, and so does its repr
+    if kind == "bad-repr":
+        return BadRepr()
     return {"object": object(), "nan": float("nan"), "infinity": float("inf")}[kind]
+
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
 
 
 # -- per-task retries (streams_app.tasks.task; tests/streams_app/tasks/test_retries.py) ---------------

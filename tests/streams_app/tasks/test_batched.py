@@ -200,7 +200,7 @@ def test_a_quick_task_that_runs_long_once_gives_the_batch_behind_it_back(jobs, r
     assert stored[0].finished_at <= stored[1].started_at <= stored[2].started_at
 
 
-@pytest.mark.parametrize("kind", ["object", "nan", "infinity"])
+@pytest.mark.parametrize("kind", ["object", "nan", "infinity", "itself", "huge", "bad-repr"])
 @pytest.mark.parametrize("begun", [False, True], ids=["alone", "in-a-batch"])
 def test_a_return_value_that_is_not_json_fails_at_once_whatever_max_retries(jobs, redis, settings, kind, begun):
     """Running it again would return the same: FAILED at its first attempt with a reason, never READY, and

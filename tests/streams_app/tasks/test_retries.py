@@ -171,3 +171,26 @@ def test_max_retries_still_means_max_attempts_minus_one(settings):
 
     assert options.merged({"MAX_RETRIES": 2})["MAX_ATTEMPTS"] == 3
     assert options.merged({})["MAX_ATTEMPTS"] == 1
+
+
+def test_a_task_started_receiver_that_raises_fails_the_attempt_instead_of_leaving_it_running(jobs, redis, settings):
+    """Found by a user trial: the result stayed RUNNING for good while the entry was redelivered to its end."""
+    from streams_app.tasks.api import task_started
+
+    def refuse(sender, task_result, **kwargs):
+        raise RuntimeError("start receiver boom")
+
+    task_started.connect(refuse)
+    try:
+        failing = jobs.add.enqueue(1, 2)
+        [ended] = run_all(redis)
+        assert isinstance(ended, RejectMessage) and "start receiver boom" in str(ended)
+        done = jobs.add.get_result(failing.id)
+        assert (done.status, done.attempts) == ("FAILED", 1) and done.errors[0].exception_class is RuntimeError
+        settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"MAX_ATTEMPTS": 2, "BACKOFF": 0}}}
+        retried = jobs.add.enqueue(3, 4)
+        run_all(redis)
+        again = jobs.add.get_result(retried.id)
+        assert (again.status, again.attempts, len(again.errors)) == ("FAILED", 2, 2)
+    finally:
+        task_started.disconnect(refuse)
