@@ -16,6 +16,14 @@ doubling to 30 s. Only when no worker was ever ready, on the first start, does i
 does. Once a worker has been ready, a new worker not ready within twice ``timeout`` is killed and
 counts as failed (gunicorn's own timeout only runs once a worker serves).
 
+From a worker's failed boot until a worker loads the app again, recycling is held
+(shoal_common/web_recycling.py): the workers still serving are not recycled by ``max_requests`` into
+workers that cannot load, so an aborted rollout leaves the old code serving for as long as the fix takes.
+
+The master stays single-threaded, so that it never forks with a thread of ours running: its companions
+(the discovery registration supervisor) are looked after from this loop, ``tick()`` on each pass and
+``begin_stop()`` when the master stops, rather than from threads of their own.
+
 gunicorn has no setting for the arbiter class, so ``install`` (from gunicorn.conf.py's
 ``on_starting``) changes the class of the running Arbiter. Written against gunicorn 27.0
 (requirements.txt pins it): ``reload`` repeats the first half of gunicorn's own.
@@ -35,6 +43,8 @@ from gunicorn import sock, util
 from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
 from gunicorn.pidfile import Pidfile
+
+from shoal_common import web_recycling
 
 BOOT_FAILED = 75
 """A worker's exit code when it could not load the app (gunicorn's own 3 and 4 halt its master)."""
@@ -98,6 +108,9 @@ class ShoalArbiter(Arbiter):
         self.backoff = BACKOFF[0]
         self.rollout_started = None
         self.stopping = False
+        self.companions = []  # objects with tick() and begin_stop(), run from this loop
+        self.recycling = web_recycling.Hold(web_recycling.status_path(), self.log)
+        self.recycling.write()  # a previous master's hold is not ours
 
     # -- readiness ---------------------------------------------------------------------------
 
@@ -119,6 +132,10 @@ class ShoalArbiter(Arbiter):
                 self.backoff = BACKOFF[0]
                 self.log.info("Worker (pid:%s) is ready (app loaded in %.1f s).", pid,
                               time.monotonic() - self.spawned_at.get(pid, time.monotonic()))
+                # Not while a rollout runs (its old workers stay the fallback until it completes), nor for
+                # one stopped by an aborted rollout, which may still say ready.
+                if not self.retiring and pid not in self.draining:
+                    self.recycling.release(f"worker (pid:{pid}) loaded the application")
 
     # -- spawning, reloading, retiring -------------------------------------------------------
 
@@ -159,6 +176,9 @@ class ShoalArbiter(Arbiter):
         self.retiring = {pid for pid in self.WORKERS if pid not in self.draining}
         self.rollout_started = time.monotonic()
         self.spawn_after = 0.0
+        # Under load the old workers reached max_requests while the new ones were still importing, and were
+        # recycled into workers of the new code: when that code could not load, nothing was left to serve.
+        self.recycling.hold("a rollout is under way", warn=False)
         self.log.info("Rollout: starting %s workers with the code on disk; the %s running now serve until "
                       "their replacements are ready.", self.num_workers, len(self.retiring))
         self.manage_workers()
@@ -166,6 +186,7 @@ class ShoalArbiter(Arbiter):
     def manage_workers(self):
         if self.stopping:
             return
+        self._tick_companions()
         self._read_ready()
         self._kill_slow_boots()
         live = [pid for pid in self.WORKERS if pid not in self.draining]
@@ -186,6 +207,7 @@ class ShoalArbiter(Arbiter):
                 self.log.info("Rollout complete in %.1f s: %s workers run the new code.",
                               time.monotonic() - self.rollout_started, len(current))
                 self.retiring.clear()
+                self.recycling.release("the rollout is complete")
         elif len(current) > self.num_workers:  # TTOU
             for pid in sorted(current, key=lambda pid: self.WORKERS[pid].age)[:len(current) - self.num_workers]:
                 self._retire(pid)
@@ -219,9 +241,32 @@ class ShoalArbiter(Arbiter):
             for pid in before - set(self.WORKERS):
                 self._worker_gone(pid)
 
+    def halt(self, reason=None, exit_status=0):
+        self._stop_companions()  # before gunicorn stops its control socket, which may take 2 s
+        super().halt(reason, exit_status)
+
     def stop(self, graceful=True):
         self.stopping = True
+        self._stop_companions()
         super().stop(graceful)
+
+    # -- companions ---------------------------------------------------------------------------
+
+    def _stop_companions(self):
+        # Before gunicorn closes the listeners and drains: discovery must stop sending traffic here first.
+        for companion in self.companions:
+            self._guarded(companion.begin_stop)
+
+    def _tick_companions(self):
+        for companion in self.companions:
+            self._guarded(companion.tick)
+
+    def _guarded(self, call):
+        # A companion's failure (registration cannot be restarted) must not take the serving master down.
+        try:
+            call()
+        except Exception:
+            self.log.exception("%s failed", getattr(call, "__qualname__", call))
 
     def _worker_gone(self, pid):
         self.slots.pop(pid, None)
@@ -237,6 +282,8 @@ class ShoalArbiter(Arbiter):
             raise HaltServer("No worker could load the application (see the traceback above).",
                              self.WORKER_BOOT_ERROR)
         self.spawn_after = time.monotonic() + self.backoff
+        reason = (f"{'a rollout was aborted' if self.retiring else 'a replacement worker failed'}: worker "
+                  f"(pid:{pid}) could not load the application")
         if self.retiring:
             for other in [p for p in self.WORKERS if p not in self.retiring and p not in self.ready
                           and p not in self.draining]:
@@ -252,10 +299,11 @@ class ShoalArbiter(Arbiter):
                 self.log.error("Worker (pid:%s) could not load the application (traceback above); the %s other "
                                "workers keep serving. Next attempt in %.0f s.", pid, len(serving), self.backoff)
             else:
-                # The last old worker went (recycled by max_requests, killed) and the code on disk cannot
-                # load: nothing serves. Say so as loudly as a log can, at every attempt.
+                # The last old worker went (killed, crashed: recycling alone no longer takes it, it is held)
+                # and the code on disk cannot load: nothing serves. Say so as loudly as a log can, at every attempt.
                 self.log.critical("NO WORKER IS SERVING: worker (pid:%s) could not load the application "
                                   "(traceback above) and no worker with the previous code is left. Requests wait "
                                   "or fail until the code on disk is fixed and HUP is sent. Next attempt in %.0f s.",
                                   pid, self.backoff)
+        self.recycling.hold(reason)
         self.backoff = min(BACKOFF[1], self.backoff * 2)

@@ -7,8 +7,8 @@ unreloaded, by the workers it forks after a HUP).
 Lifecycle of the web tier's instance:
 - registered once the master listens (``when_ready``), by the registration process;
 - deregistered the moment the master gets TERM, INT or QUIT, before gunicorn closes its sockets
-  and drains: the supervisor is told by the master's (chained) signal handler and TERMs the
-  registration process, whose Registrar deregisters at once;
+  and drains: the master's ``stop()`` calls ``begin_stop()``, which TERMs the registration process,
+  whose Registrar deregisters at once;
 - if the registration process dies meanwhile (killed, OOM), the supervisor logs a WARNING,
   starts a new one (same instance id, so no duplicate record) after a back-off, and /readyz
   shows the restarts; if the master itself dies (SIGKILL), the pipe to the registration process
@@ -17,11 +17,9 @@ Lifecycle of the web tier's instance:
 import ipaddress
 import json
 import os
-import queue
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 STATUS_ENV = "SHOAL_WEB_REGISTRATION_STATUS"
@@ -70,7 +68,12 @@ def advertised_address(bound_host, environ=os.environ, route_address=default_rou
 
 
 class RegistrationSupervisor:
-    """Runs the registration process from a thread of the master; restarts it when it dies."""
+    """Keeps the registration process running, from the master's own loop: no thread of its own.
+
+    A thread here made gunicorn's master multi-threaded when it forked its workers, and Python 3.12+
+    warns that ``fork()`` may then deadlock the child (a lock held by the other thread stays held in
+    the copy). gunicorn's master wakes at least once a second; ``tick()`` runs on each pass (from
+    ``ShoalArbiter.manage_workers``), ``begin_stop()`` from its ``stop()``, before the drain."""
 
     def __init__(self, argv, cwd, log, status_path=None, backoff=(1.0, 30.0), clock=time.monotonic):
         self.argv = argv
@@ -83,25 +86,38 @@ class RegistrationSupervisor:
         self._spawned_at = 0.0
         self.restarts = 0
         self.stopping = False
-        self._signals = queue.SimpleQueue()  # written by the master's signal handler
-        self._thread = None
-
-    # -- called from the master's main thread ---------------------------------------------
+        self.delay = self.backoff_min
+        self.restart_at = None  # set while a dead registration process waits for its restart
 
     def start(self):
         self._spawn()
-        self._thread = threading.Thread(target=self.run, name="shoal-registration-supervisor", daemon=True)
-        self._thread.start()
         return self
 
-    def handle_signal(self, signum):
-        """From the master's signal handler: only record it (SimpleQueue.put is safe there)."""
-        self._signals.put(signum)
+    def tick(self, now=None):
+        """One pass: notice a dead registration process, restart it once its back-off is over."""
+        if self.stopping or self.process is None:
+            return
+        now = self.clock() if now is None else now
+        if self.restart_at is None:
+            if self.process.poll() is None:
+                return
+            self.handle_death(now)
+        if now >= self.restart_at:
+            self.handle_restart()
+
+    def begin_stop(self):
+        """The master is stopping (TERM, INT, QUIT, a halt): deregister now, before gunicorn drains."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.process is not None and self.process.poll() is None:
+            self.log.info("Discovery registration: deregistering before the drain (pid %s).", self.process.pid)
+            self.process.terminate()
+        self._write_status("stopping")
 
     def stop(self, timeout=10.0):
         """At the master's exit: EOF to the registration process (it deregisters), wait, kill."""
         self.stopping = True
-        self._signals.put(None)
         process = self.process
         if process is None:
             return
@@ -113,62 +129,29 @@ class RegistrationSupervisor:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(2.0)  # its last word ("stopping") comes before this one
         self._write_status("stopped")
 
     def close_in_child(self):
         """In a forked worker: drop the inherited pipe, or the registration process would not see
-        the master die. (A worker forked while a restart is under way may keep the new pipe; it
-        exits when the master dies, which closes it too.)"""
+        the master die."""
         process = self.process
         if process is not None and not process.stdin.closed:
             process.stdin.close()
 
-    # -- the supervisor thread ------------------------------------------------------------
-
-    def run(self):
-        delay = self.backoff_min
-        while not self.stopping:
-            try:
-                signum = self._signals.get(timeout=1.0)
-            except queue.Empty:
-                signum = False
-            if signum is not False:
-                self.handle_stop_signal(signum)
-                return
-            if self.process.poll() is None:
-                continue
-            delay = self.handle_death(delay)
-
-    def handle_stop_signal(self, signum):
-        # The master is stopping: deregister now, before gunicorn closes its sockets and drains.
-        self.stopping = True
-        if signum is not None and self.process.poll() is None:
-            self.log.info("Discovery registration: deregistering before the drain (pid %s).", self.process.pid)
-            self.process.terminate()
-        self._write_status("stopping")
-
-    def handle_death(self, delay):
-        if self.clock() - self._spawned_at > self.backoff_max:
-            delay = self.backoff_min  # it had been up a while: not a crash loop
+    def handle_death(self, now):
+        if now - self._spawned_at > self.backoff_max:
+            self.delay = self.backoff_min  # it had been up a while: not a crash loop
         self.log.warning("Discovery registration process (pid %s) is gone; this web instance is not "
-                         "discoverable. Restarting it in %.0f s.", self.process.pid, delay)
+                         "discoverable. Restarting it in %.0f s.", self.process.pid, self.delay)
         self._write_status("restarting")
-        until = self.clock() + delay
-        while self.clock() < until:
-            try:
-                signum = self._signals.get(timeout=max(0.0, until - self.clock()))
-                self.handle_stop_signal(signum)
-                return delay
-            except queue.Empty:
-                pass
-        if self.stopping:
-            return delay
+        self.restart_at = now + self.delay
+
+    def handle_restart(self):
+        self.restart_at = None
         self.restarts += 1
         self._spawn()
         self.log.warning("Discovery registration restarted (pid %s, restart %s).", self.process.pid, self.restarts)
-        return min(self.backoff_max, delay * 2)
+        self.delay = min(self.backoff_max, self.delay * 2)
 
     def _spawn(self):
         self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdin=subprocess.PIPE)
@@ -177,8 +160,8 @@ class RegistrationSupervisor:
 
     def _write_status(self, state):
         """Never raises: it runs in the master's exit hook too, where an exception turned a halt's exit
-        code 3 into 1. Two threads write (this supervisor's and the master's), each to a temp file of its
-        own: one name per pid had one thread's rename take the other's file away (FileNotFoundError)."""
+        code 3 into 1. Each write goes to a temp file of its own (the registration process writes this
+        file too): one name per pid had one writer's rename take the other's file away."""
         if not self.status_path:
             return
         status = {"state": state, "pid": self.process.pid if self.process else None,

@@ -11,8 +11,9 @@ across workers that survive recycling, broadcast listeners, and discovery regist
 
 The master imports no application code (no Django, no settings, no app modules): what the master
 has imported, every worker it forks inherits unreloaded, so HUP could not load new code. The
-hooks here use only ``shoal_common.cpus``, ``shoal_common.web_supervision`` and ``streams_app.metrics.multiprocess``
-(prometheus_client, no Django).
+hooks here use only ``shoal_common`` (cpus, web_rollout, web_recycling, web_supervision) and
+``streams_app.metrics.multiprocess`` (prometheus_client, no Django). Nor does the master run threads of
+ours: it forks its workers from its one thread (Python 3.12+ warns when a process forks with others).
 
 Environment: WEB_CONCURRENCY (workers), GUNICORN_THREADS, GUNICORN_MAX_REQUESTS, PORT (gunicorn's
 own: binds 0.0.0.0:$PORT, else 127.0.0.1:8000), PROMETHEUS_MULTIPROC_DIR (default $SHOAL_VAR_DIR/prometheus),
@@ -24,7 +25,6 @@ discovery_app.web_registration``, which registers nothing and idles when it is n
 import json
 import os
 import random
-import signal
 import sys
 import uuid
 from importlib.util import find_spec
@@ -37,11 +37,14 @@ VAR.mkdir(parents=True, exist_ok=True)
 # stayed single-process and /metrics showed only the worker that took the scrape.
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR / "prometheus"))
 
-from shoal_common import web_rollout, web_supervision  # noqa: E402
+from shoal_common import web_recycling, web_rollout, web_supervision  # noqa: E402
 from shoal_common.cpus import web_concurrency  # noqa: E402
 from streams_app.metrics import multiprocess  # noqa: E402
 # Where the registration supervisor writes its state, for the workers' /readyz.
 os.environ.setdefault(web_supervision.STATUS_ENV, str(VAR / "web_registration.json"))
+# Where the master says whether recycling is held (a worker failed to load the app), for the workers,
+# /readyz and /metrics.
+os.environ.setdefault(web_recycling.STATUS_ENV, str(VAR / "web_rollout.json"))
 
 workers = web_concurrency()
 # gthread: a few threads per process serve requests that wait on Redis or the database, and keep-alive
@@ -61,10 +64,14 @@ preload_app = False  # each worker imports the app itself, so HUP loads new code
 max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "10000"))
 max_requests_jitter = max(1, max_requests // 10)
 pidfile = str(VAR / "gunicorn.pid")
-# gunicorn's control socket (gunicornc) beside the pidfile, not one per user in ~/.gunicorn, which
-# every gunicorn of the user would fight over. A unix socket path has a length limit.
+# gunicorn's control socket (gunicornc) is off: it is served by a thread of the master, which gunicorn
+# stops before each fork and starts again in the parent's after-fork hook, and Python 3.13 counts the
+# threads after that hook: every fork after the first warned "multi-threaded, use of fork() may lead to
+# deadlocks". To have it anyway (the warning with it), set control_socket_disable = False in your own
+# gunicorn.conf.py; it lives beside the pidfile, not in ~/.gunicorn, which every gunicorn of the user
+# would fight over (a unix socket path has a length limit).
 control_socket = str(VAR / "gunicorn.ctl")
-control_socket_disable = len(control_socket) > 100
+control_socket_disable = True
 proc_name = "shoal-web"
 
 
@@ -103,24 +110,10 @@ def when_ready(server):
     supervisor = web_supervision.RegistrationSupervisor(argv, os.getcwd(), server.log,
                                                         os.environ[web_supervision.STATUS_ENV])
     server.shoal_registration = supervisor.start()
-    _deregister_first_on(server, supervisor, (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT))
+    # Looked after from the arbiter's loop, which also has it deregister first when the master stops.
+    server.companions.append(supervisor)
     server.log.info("Discovery registration started for %s://%s:%s, advertised as %s (pid %s).",
                     scheme, host, port, why, supervisor.process.pid)
-
-
-def _deregister_first_on(server, supervisor, signals):
-    # gunicorn's handlers only queue the signal; its main loop then closes the sockets and drains
-    # for up to graceful_timeout. Chained in front of them, the supervisor hears of the stop at
-    # once and has the instance deregistered while the drain runs, not after it.
-    for signum in signals:
-        previous = signal.getsignal(signum)
-
-        def handler(sig, frame, previous=previous):
-            supervisor.handle_signal(sig)
-            if callable(previous):
-                previous(sig, frame)
-
-        signal.signal(signum, handler)
 
 
 def on_exit(server):
@@ -134,11 +127,9 @@ def on_exit(server):
 
 
 def post_fork(server, worker):
-    # The master opens no Redis connection (registration is a separate process). Its one thread of ours,
-    # the registration supervisor, is not copied by fork() (only the forking thread is), and it takes no
-    # lock a worker could inherit held: it polls a subprocess and writes a status file (logging's locks Python re-creates in the child). All a worker
-    # inherits of ours is this pipe, which it must not hold open, or the registration process would
-    # not see the master die.
+    # The master opens no Redis connection (registration is a separate process) and runs no thread of
+    # ours. All a worker inherits of ours is the registration process's pipe, which it must not hold
+    # open, or the registration process would not see the master die.
     supervisor = getattr(server, "shoal_registration", None)
     if supervisor is not None:
         supervisor.close_in_child()  # this process's copy only; the master's stays open

@@ -163,6 +163,15 @@ def discovery_registration():
         return {"state": "unknown", "error": type(exc).__name__}
 
 
+def web_rollout():
+    """Whether the gunicorn master holds worker recycling (shoal_common/web_recycling.py), or None outside
+    Shoal's gunicorn config. Shown, not failed on: while it is held the old code serves, which is the
+    point; failing /readyz would take the instance out of rotation for a deploy that never happened."""
+    from shoal_common.web_recycling import read_state
+
+    return read_state()
+
+
 def readiness():
     started = time.monotonic()
     results = run_checks(getattr(settings, "READYZ_TIMEOUT", 1.0))
@@ -176,6 +185,9 @@ def readiness():
     registration = discovery_registration()
     if registration is not None:
         body["discovery_registration"] = registration
+    rollout = web_rollout()
+    if rollout is not None:
+        body["web_rollout"] = rollout
     response = HttpResponse(json.dumps(body), status=503 if failing else 200, content_type="application/json")
     # A 503 here is an answer about Redis or the database, not an error of this request: without this,
     # django.request logs an ERROR on every probe (360 an hour per pod at Kubernetes' default period).

@@ -9,6 +9,7 @@ from shoal_common.redisconn import dedicated_connection
 from streams_app.connection import get_connection
 from streams_app.metrics import multiprocess
 from streams_app.metrics.consumer import BacklogCollector
+from streams_app.metrics.recycling import RecyclingCollector
 
 REDIS_TIMEOUT = 2.0
 """Seconds the backlog queries get: a hung Redis makes a scrape report ``shoal_backlog_scrape_ok 0``
@@ -28,6 +29,8 @@ def scrape_connection():
 
 _backlog = CollectorRegistry(auto_describe=False)
 _backlog.register(BacklogCollector(connection=scrape_connection))
+_web = CollectorRegistry(auto_describe=False)
+_web.register(RecyclingCollector())
 
 
 @never_cache
@@ -35,4 +38,5 @@ def metrics(request):
     path = multiprocess.directory()
     # Under gunicorn each worker writes its own files; any worker that takes the scrape reads all.
     registry = multiprocess.multiprocess_registry(path) if path else REGISTRY
-    return HttpResponse(generate_latest(registry) + generate_latest(_backlog), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(registry) + generate_latest(_backlog) + generate_latest(_web),
+                        content_type=CONTENT_TYPE_LATEST)

@@ -36,6 +36,10 @@ class Broken:
         raise RuntimeError("broken middleware: every request fails")
 '''
 OUTCOME = re.compile(r"ROLLOUT ABORTED|Rollout complete")
+# Python hides DeprecationWarnings raised outside __main__; a user shows them this way (python -W default).
+SHOW_WARNINGS = {"PYTHONWARNINGS": "default::DeprecationWarning"}
+FORK_WARNING = "use of fork() may lead to deadlocks"
+MAX_REQUESTS = 200
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +138,74 @@ def test_a_deploy_that_cannot_load_leaves_the_old_code_serving_in_a_host_project
     assert failures == [], f"{len(failures)} of {load.count()} requests failed, e.g. {failures[:3]}"
     assert {r.body for r in load.results} <= {"old code", "new code"}
     assert {r.body for r in load.results if r.started > fixed_at} == {"new code"}
+
+
+@pytest.mark.install
+def test_after_an_aborted_rollout_recycling_never_swaps_the_old_workers_for_ones_that_cannot_load(site, servers):
+    # Issue 48: max_requests recycling replaced the old workers one by one with workers that could not load
+    # the broken code, and the site stopped after a few times max_requests.
+    site, venv, env = site
+    server = HostGunicorn(site, venv, {**env, "GUNICORN_MAX_REQUESTS": str(MAX_REQUESTS), **SHOW_WARNINGS},
+                          port=free_port(), workers=2)
+    servers.append(server)
+    wait_for(lambda: server.answers("/shop/") == 200, timeout=120, what="the host's gunicorn serving /shop/")
+    wait_for(lambda: server.output().count(") is ready (app loaded") >= 2, timeout=60, what="both workers ready")
+    load = Load(server.port, "/shop/", clients=4, max_requests=200_000).start()
+    try:
+        wait_for(lambda: load.count() >= 100, timeout=60, what="100 requests before the broken deploy")
+        (site / "shop" / "views.py").write_text(BROKEN_VIEWS)
+        assert hup_and_wait(server) == "ROLLOUT ABORTED", server.output()[-4000:]
+        aborted_at = time.monotonic()
+        # Three times max_requests with its 10 % jitter: recycling would have replaced both workers by then.
+        target = 3 * (MAX_REQUESTS + MAX_REQUESTS // 10)
+        try:
+            wait_for(lambda: sum(r.started > aborted_at for r in load.results) >= target, timeout=180,
+                     what=f"{target} requests after the aborted rollout")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {len(load.failures())} failed so far, e.g. {load.failures()[:3]}\n"
+                                 + server.output()[-6000:]) from None
+        output = server.output()
+        assert "RECYCLING HELD" in output and "keeps serving with the code it loaded" in output, output[-4000:]
+        status, body = get(server.port, "/readyz")
+        assert status == 200 and json.loads(body)["web_rollout"]["recycling"] == "held", body
+        assert "shoal_web_recycling_held 1.0" in get(server.port, "/metrics")[1]
+
+        fixing_at = time.monotonic()
+        (site / "shop" / "views.py").write_text(VIEWS.format(text="new code"))
+        assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
+        fixed_at = time.monotonic()
+        wait_for(lambda: sum(r.started > fixed_at for r in load.results) >= 100, timeout=60,
+                 what="100 requests after the fixed deploy")
+    finally:
+        load.stop()
+    failures = load.failures()
+    assert failures == [], f"{len(failures)} of {load.count()} requests failed, e.g. {failures[:3]}"
+    assert {r.body for r in load.results if r.started < fixing_at} == {"old code"}
+    assert {r.body for r in load.results if r.started > fixed_at} == {"new code"}
+    assert json.loads(get(server.port, "/readyz")[1])["web_rollout"]["recycling"] == "normal"
+    assert "Recycling resumed" in server.output()
+    if sys.version_info >= (3, 12):
+        assert FORK_WARNING not in server.output()
+
+
+@pytest.mark.install
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="Python warns about fork() in a multi-threaded process "
+                                                       "from 3.12 on; the version matrix runs this on 3.12 and 3.13")
+def test_the_master_forks_its_workers_from_one_thread(site, servers):
+    # Issue 48: the registration supervisor was a thread of the master, and gunicorn's control socket another.
+    site, venv, env = site
+    server = HostGunicorn(site, venv, {**env, "GUNICORN_MAX_REQUESTS": "20", **SHOW_WARNINGS}, port=free_port(),
+                          workers=2)
+    servers.append(server)
+    wait_for(lambda: server.answers("/shop/") == 200, timeout=120, what="the host's gunicorn serving /shop/")
+    assert "Discovery registration started" in server.output()
+    booted = server.output().count("Booting worker")
+    # Forks of every kind: the first workers, recycled ones, and a rollout's.
+    for _ in range(100):
+        assert get(server.port, "/shop/")[0] == 200
+    wait_for(lambda: server.output().count("Booting worker") >= booted + 2, timeout=60, what="recycled workers")
+    assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
+    assert FORK_WARNING not in server.output(), server.output()[-4000:]
 
 
 def test_a_first_start_with_code_that_cannot_load_halts_with_exit_3(site, servers):

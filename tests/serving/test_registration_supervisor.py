@@ -1,6 +1,7 @@
-"""The gunicorn master's registration supervisor (shoal_common/web_supervision.py) on its own: its status
-file is written from two threads (the supervisor's and the master's exit hook), and the exit path never
-raises (it once did, FileNotFoundError on the shared temp file, and a halting master exited 1, not 3)."""
+"""The gunicorn master's registration supervisor (shoal_common/web_supervision.py) on its own: run from the
+master's loop with no thread of its own, its status file written by two writers at once (it and the
+registration process), and an exit path that never raises (it once did, FileNotFoundError on a shared temp
+file, and a halting master exited 1, not 3)."""
 import json
 import logging
 import os
@@ -40,13 +41,64 @@ def test_status_writes_from_two_threads_at_once_never_fail(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temp file left behind
 
 
-def test_stop_ends_with_stopped_whatever_the_supervisor_thread_wrote(tmp_path):
-    # stop() wakes the thread, which writes "stopping" as stop() writes "stopped": the last word is stop()'s.
+def test_stop_ends_with_stopped_after_begin_stop(tmp_path):
+    # The master's stop() says "stopping" (begin_stop), its exit hook then "stopped": the last word is stop()'s.
     status = tmp_path / "web_registration.json"
-    for _ in range(20):
+    for _ in range(5):
         supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(status)).start()
+        supervisor.begin_stop()
+        assert json.loads(status.read_text())["state"] == "stopping"
         supervisor.stop()
         assert json.loads(status.read_text())["state"] == "stopped"
+
+
+def test_the_supervisor_runs_no_thread_of_its_own(tmp_path):
+    # Issue 48: a thread of it in gunicorn's master made every fork of a worker a fork of a multi-threaded
+    # process (Python 3.12+ warns: it may deadlock the child).
+    before = set(threading.enumerate())
+    supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(tmp_path / "status.json")).start()
+    try:
+        supervisor.tick()
+        assert set(threading.enumerate()) == before
+    finally:
+        supervisor.stop()
+
+
+def test_tick_restarts_a_dead_registration_process_after_its_back_off(tmp_path):
+    clock = [1000.0]
+    status = tmp_path / "web_registration.json"
+    supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(status), backoff=(1.0, 30.0),
+                                        clock=lambda: clock[0]).start()
+    try:
+        first = supervisor.process
+        first.kill()
+        first.wait(30)
+        supervisor.tick()
+        assert supervisor.process is first and json.loads(status.read_text())["state"] == "restarting"
+        clock[0] += 0.5
+        supervisor.tick()
+        assert supervisor.process is first  # still waiting out the back-off
+        clock[0] += 0.5
+        supervisor.tick()
+        assert supervisor.process is not first and supervisor.process.poll() is None
+        assert supervisor.restarts == 1 and json.loads(status.read_text())["state"] == "running"
+        # Dead again at once: a crash loop waits twice as long.
+        supervisor.process.kill()
+        supervisor.process.wait(30)
+        supervisor.tick()
+        assert supervisor.restart_at == clock[0] + 2.0
+    finally:
+        supervisor.stop()
+
+
+def test_no_restart_once_stopping(tmp_path):
+    supervisor = RegistrationSupervisor(UNTIL_EOF, str(tmp_path), log, str(tmp_path / "status.json"),
+                                        clock=lambda: 0.0).start()
+    supervisor.begin_stop()
+    supervisor.process.wait(30)
+    supervisor.tick()
+    assert supervisor.restarts == 0 and supervisor.restart_at is None
+    supervisor.stop()
 
 
 def test_stop_never_raises_when_the_status_file_cannot_be_written(tmp_path, caplog):
