@@ -263,7 +263,9 @@ def run_message(alias, message, handler=None):
         outcome = attempt.failed(failure.exc)
         if outcome is None:
             return
-        raise outcome if outcome is not failure.exc else failure.exc
+        if outcome is failure.exc:  # the consumer retries the entry itself
+            raise failure.exc from None
+        raise outcome from failure.exc
     except Exception as exc:
         if previous is not None and not previous.written:
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
@@ -477,7 +479,9 @@ async def run_message_async(alias, message):
         outcome = await asyncio.to_thread(attempt.failed, failure.exc)
         if outcome is None:
             return
-        raise outcome if outcome is not failure.exc else failure.exc
+        if outcome is failure.exc:  # the consumer retries the entry itself
+            raise failure.exc from None
+        raise outcome from failure.exc
     func = attempt.task.func
     try:
         value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)
