@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 from streams_app.metrics import worker as worker_metrics  # noqa: F401  (registers the per-worker gauges)
 from streams_app.metrics import consumer as metrics
 from streams_app.metrics import ordered as ordered_metrics  # noqa: F401  (registers shoal_partitions_held)
+from streams_app.metrics.recycling import RecyclingCollector
 from streams_app.metrics.supervisor import PoolMetrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent.parent / "deploy" / "grafana" / "shoal.json"
@@ -19,7 +20,9 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 def exported():
     Metrics.get_instance()  # registers the django_http_* metrics, as the first request does
     pool = PoolMetrics()  # the supervisor's own registry, served by runconsumer --metrics-port
-    families = [*REGISTRY.collect(), *metrics.BacklogCollector().describe(), *pool.registry.collect()]
+    # The web tier's recycling gauges exist while Shoal's gunicorn master writes its state: as if it did.
+    recycling = RecyclingCollector(read=lambda: {"recycling": "held", "since": 0}).collect()
+    families = [*REGISTRY.collect(), *metrics.BacklogCollector().describe(), *pool.registry.collect(), *recycling]
     return {f.name + suffix: f.name for f in families for suffix in SUFFIXES.get(f.type, ("",))}
 
 
