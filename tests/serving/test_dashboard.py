@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 from streams_app.metrics import worker as worker_metrics  # noqa: F401  (registers the per-worker gauges)
 from streams_app.metrics import consumer as metrics
 from streams_app.metrics import ordered as ordered_metrics  # noqa: F401  (registers shoal_partitions_held)
+from streams_app.metrics import tasks as task_metrics  # noqa: F401  (registers the shoal_tasks_* counters)
 from streams_app.metrics.recycling import RecyclingCollector
 from streams_app.metrics.supervisor import PoolMetrics
 
