@@ -108,10 +108,28 @@ def publishing(stream: str, headers: Mapping[str, Any] | None, count: int = 1, *
         attributes["shoal.task.name"], attributes["shoal.task.result_id"] = task
     with _get_tracer().start_as_current_span(f"publish {stream}", kind=_api.PRODUCER, attributes=attributes) as span:
         if headers is None or isinstance(headers, dict):
-            carrier = dict(headers or {})
+            # The caller's own trace fields belong to another trace: this span's context replaces them.
+            carrier = {name: value for name, value in (headers or {}).items() if name not in _TRACE_FIELDS}
             _api.propagate.inject(carrier)
             headers = carrier
         yield Publishing(span, headers)
+
+
+_TRACE_FIELDS = ("traceparent", "tracestate")
+
+
+def _extracted(api: Any, headers: Any) -> Any:
+    """The context the message's headers carry; None (a trace of its own) for headers the propagators
+    cannot read. Only text values are offered to them: a producer that is not Shoal, or a hand-written
+    XADD, may send ``{"traceparent": 123}``, and a propagator's raise would fail the message before its
+    handler runs, only because tracing is on."""
+    if not isinstance(headers, dict):
+        return None
+    carrier = {name: value for name, value in headers.items() if isinstance(value, str)}
+    try:
+        return api.propagate.extract(carrier)
+    except Exception:  # noqa: BLE001 -- a header no propagator can read is no parent, never the message's failure
+        return None
 
 
 def task(name: str, result_id: str) -> contextlib.AbstractContextManager[Any]:
@@ -173,7 +191,7 @@ class ConsumerTracing:
     def span(self, message: Any) -> Iterator[Any]:
         api = _api
         headers = message.headers  # decoded before the handler runs (chunks.Chunk.runnable)
-        parent = api.propagate.extract(headers) if headers else None
+        parent = _extracted(api, headers) if headers else None
         links = ()
         if parent is not None and message.field_bytes(REPLAY_OF_FIELD) is not None:
             # A replay runs long after the trace it failed in: its own trace, linked to that one.

@@ -46,3 +46,29 @@ def test_without_opentelemetry_installed_nothing_of_it_is_imported_and_consumers
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert redis_server.client().xlen("untraced") == 1
+
+
+VALID = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+
+
+@pytest.mark.parametrize("headers, parent", [
+    ({"traceparent": 123}, False), ({"traceparent": True}, False), ({"traceparent": [5]}, False),
+    ({"baggage": 7}, False), ({"traceparent": "garbage"}, False), ("not a dict", False),
+    ({"traceparent": VALID, "tracestate": 5}, True),  # the bad tracestate is left out, the parent kept
+])
+def test_trace_headers_no_propagator_can_read_are_no_parent_never_a_failure(headers, parent):
+    """A user trial: {"traceparent": 123} from a hand-written XADD failed the message before its handler ran,
+    only because tracing was on (the propagators raise on values that are not text)."""
+    import opentelemetry
+    from opentelemetry import trace
+
+    found = tracing._extracted(opentelemetry, headers)
+    assert (found is not None and trace.get_current_span(found).get_span_context().is_valid) is parent
+
+
+def test_a_valid_traceparent_is_the_parent():
+    import opentelemetry
+    from opentelemetry import trace
+
+    found = tracing._extracted(opentelemetry, {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "n": 1})
+    assert trace.get_current_span(found).get_span_context().trace_id == int("a" * 32, 16)
