@@ -167,6 +167,7 @@ class TasksPage:
 
     def retry_view(self, request, result_id):
         model_admin = self.model_admin
+        self._require_view(request)  # the confirmation shows the arguments: a viewer's page
         if not model_admin.has_retry_permission(request):
             raise PermissionDenied
         if not results.valid_id(result_id):
@@ -238,6 +239,7 @@ class TasksPage:
     def cancel_view(self, request, result_id):
         """Cancel a READY task (streams_app.tasks.cancel): a confirmation, then POST; a LogEntry."""
         model_admin = self.model_admin
+        self._require_view(request)  # the confirmation shows the arguments: a viewer's page
         if not model_admin.has_cancel_permission(request):
             raise PermissionDenied
         if not results.valid_id(result_id):

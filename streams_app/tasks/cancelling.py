@@ -17,6 +17,7 @@ from streams_app.tasks.exceptions import TaskCancelled
 logger = logging.getLogger("streams_app.tasks")
 
 REASON = "cancelled before it started (streams_app.tasks.cancel): it was not run"
+REASON_RETRY = "cancelled while it waited for its retry (streams_app.tasks.cancel): no further attempt was run"
 
 
 def cancel(result_id):
@@ -31,7 +32,7 @@ def cancel(result_id):
     except Exception:  # noqa: BLE001 -- a backend no longer in TASKS: the default lifetime
         ttl = options.DEFAULTS["RESULT_TTL"]
     error = {"exception_class_path": f"{TaskCancelled.__module__}.{TaskCancelled.__qualname__}",
-             "traceback": f"{TaskCancelled.__name__}: {REASON}\n"}
+             "traceback": f"{TaskCancelled.__name__}: {REASON_RETRY if record['worker_ids'] else REASON}\n"}
     done = results.cancel(conn, result_id, error, ttl)
     if done:
         logger.info("Task result %s cancelled: its task will not run", result_id)

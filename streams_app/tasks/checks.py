@@ -18,7 +18,7 @@ def check_tasks_settings(app_configs=None, **kwargs):
         errors += [Error(f"{where}['OPTIONS']: {problem}.", hint=HINT, id="streams_app.E060")
                    for problem in options.problems(params.get("OPTIONS", {}))]
         given = params.get("OPTIONS") or {}
-        if isinstance(given, dict) and given.get("MAX_RETRIES") and "MAX_ATTEMPTS" not in given:
+        if isinstance(given, dict) and "MAX_RETRIES" in given and "MAX_ATTEMPTS" not in given:
             errors.append(Warning(f"{where}['OPTIONS']['MAX_RETRIES'] is deprecated.",
                                   hint=f"Write MAX_ATTEMPTS = {given['MAX_RETRIES'] + 1 if isinstance(given['MAX_RETRIES'], int) else 'n + 1'} "
                                        "instead (attempts in all, as @task(max_attempts=) counts them); it means "

@@ -17,7 +17,7 @@ def task(function=None, *, max_attempts=None, backoff=None, retry_on=None, backe
     extra = {name: value for name, value in (("max_attempts", max_attempts), ("backoff", backoff),
                                              ("retry_on", retry_on)) if value is not None}
     if extra and not issubclass(getattr(task_backends[backend], "task_class", object), ShoalTask):
-        raise InvalidTask(f"{', '.join(extra)} need a StreamsBackend; TASKS[{backend!r}] is "
+        raise InvalidTask(f"{', '.join(extra)} {'needs' if len(extra) == 1 else 'need'} a StreamsBackend; TASKS[{backend!r}] is "
                           f"{type(task_backends[backend]).__name__}.")
     return django_task(function, backend=backend, **kwargs, **extra) if function else django_task(
         backend=backend, **kwargs, **extra)

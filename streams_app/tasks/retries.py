@@ -64,6 +64,15 @@ class ShoalTask(Task):
     retry_on: Any = None
     """The exception classes that are retried (a class or a tuple); None: every Exception."""
 
+    def __post_init__(self):
+        Task.__post_init__(self)  # the backend's validate_task (no zero-argument super() in a slots dataclass)
+        given = [name for name in ("max_attempts", "backoff", "retry_on") if getattr(self, name) is not None]
+        backend = self.get_backend()
+        if given and not issubclass(getattr(backend, "task_class", Task), ShoalTask):
+            # .using(backend="other") onto a backend that would ignore them: said, not dropped.
+            raise InvalidTask(f"Task {self.module_path}: {', '.join(given)} {'needs' if len(given) == 1 else 'need'} "
+                              f"a StreamsBackend; backend {self.backend!r} is {type(backend).__name__}.")
+
 
 def validate(task):
     """InvalidTask, said plainly, for a ShoalTask's retry arguments that cannot work."""

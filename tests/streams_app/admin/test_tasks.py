@@ -282,3 +282,15 @@ def test_cancel_needs_csrf(jobs, redis, staff_client):
     checked.force_login(User.objects.get(username="staff0"))
     assert checked.post(f"{TASKS}{queued.id}/cancel/", {"action": "cancel", "post": "yes"}).status_code == 403
     assert jobs.add.get_result(queued.id).status == "READY"
+
+
+@pytest.mark.parametrize("action, permission", [("cancel", CANCEL), ("retry", RETRY)])
+def test_an_action_without_the_view_permission_is_403_and_shows_nothing(staff_client, jobs, redis, action, permission):
+    """A user trial: with only cancel_taskresult the confirmation (the task's arguments) showed and the cancel ran."""
+    result = jobs.add.enqueue(1, 2) if action == "cancel" else failed(jobs, redis)
+    client = staff_client(permission)
+    url = f"{TASKS}{result.id}/{action}/"
+    assert client.post(url, {"action": action}).status_code == 403
+    assert client.post(url, {"action": action, "post": "yes"}).status_code == 403
+    assert result.task.get_result(result.id).status == ("READY" if action == "cancel" else "FAILED")
+    assert redis.xlen("tasks:default") == 1  # nothing enqueued either

@@ -119,7 +119,7 @@ def test_retry_arguments_need_a_streams_backend(jobs, settings):
     settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}} if _backport() \
         else {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
 
-    with pytest.raises(InvalidTask, match="max_attempts need a StreamsBackend"):
+    with pytest.raises(InvalidTask, match="max_attempts needs a StreamsBackend"):
         task(max_attempts=2)(jobs.not_a_task)
     assert task()(jobs.not_a_task).func is jobs.not_a_task  # without them it is Django's @task on any backend
 
@@ -194,3 +194,30 @@ def test_a_task_started_receiver_that_raises_fails_the_attempt_instead_of_leavin
         assert (again.status, again.attempts, len(again.errors)) == ("FAILED", 2, 2)
     finally:
         task_started.disconnect(refuse)
+
+
+def test_using_onto_a_backend_that_is_not_shoals_refuses_the_retry_arguments(jobs, settings):
+    """A user trial: .using(backend="other") kept a ShoalTask whose retries the other backend ignored."""
+    immediate = ("django_tasks.backends.immediate.ImmediateBackend" if _backport()
+                 else "django.tasks.backends.immediate.ImmediateBackend")
+    settings.TASKS = {**tasks_settings.TASKS, "other": {"BACKEND": immediate}}
+    with pytest.raises(InvalidTask, match="max_attempts, backoff, retry_on need a StreamsBackend; backend 'other'"):
+        jobs.picky.using(backend="other")
+
+
+def test_a_task_cancelled_while_it_waits_for_its_retry_says_so(jobs, redis, tmp_path, settings):
+    from streams_app.tasks import cancel
+
+    result = jobs.flaky_later.enqueue(str(tmp_path / "runs"), 5)
+    run_all(redis)  # attempt 1 fails; its retry is deferred 5 s
+    assert cancel(result.id) is True
+    done = jobs.flaky_later.get_result(result.id)
+    assert (done.status, done.attempts) == ("FAILED", 1)
+    assert "while it waited for its retry" in done.errors[-1].traceback
+
+
+def test_an_explicit_max_retries_of_0_is_deprecated_too(settings):
+    from streams_app.tasks.checks import check_tasks_settings
+
+    settings.TASKS = {"default": {**tasks_settings.TASKS["default"], "OPTIONS": {"MAX_RETRIES": 0}}}
+    assert "streams_app.W060" in [message.id for message in check_tasks_settings()]
