@@ -165,22 +165,32 @@ class TasksPage:
             )
         return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html", context)
 
-    def retry_view(self, request, result_id):
-        model_admin = self.model_admin
-        self._require_view(request)  # the confirmation shows the arguments: a viewer's page
-        if not model_admin.has_retry_permission(request):
+    def _action(self, request, result_id, allowed):
+        """What Retry and Cancel begin with: the view permission (the confirmation shows the arguments)
+        and the action's own, a result id, a POST. Returns (detail URL, record), or (None, the response to
+        give instead): a GET goes back to the result's page, which has the button; when Redis did not
+        answer (said once), the result's page as it stands, not a redirect to it that would ask again and
+        say it twice. Nothing changed, so a POST may answer with a page."""
+        self._require_view(request)
+        if not allowed(request):
             raise PermissionDenied
         if not results.valid_id(result_id):
             raise Http404("not a task result id")
         detail = reverse("admin:streams_app_taskresult_change", args=[result_id])
         if request.method != "POST":
-            return HttpResponseRedirect(detail)  # a GET changes nothing: the result's page has the button
+            return None, HttpResponseRedirect(detail)
         record = self._record(request, result_id)
         if record is None:
-            # Redis did not answer (said once): the result's page as it stands, not a redirect to it that
-            # would ask again and say it twice. Nothing changed, so a POST may answer with a page.
-            return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html",
-                                    self._context(request, f"Task result {result_id}", result_id=result_id, record=None))
+            return None, TemplateResponse(request, "admin/streams_app/taskresult/change_form.html",
+                                          self._context(request, f"Task result {result_id}", result_id=result_id,
+                                                        record=None))
+        return detail, record
+
+    def retry_view(self, request, result_id):
+        model_admin = self.model_admin
+        detail, record = self._action(request, result_id, model_admin.has_retry_permission)
+        if detail is None:
+            return record
         if record["status"] != "FAILED":
             model_admin.message_user(request, f"Task result {result_id} is {record['status']}, not FAILED: only a "
                                               "failed task is retried. Nothing was enqueued.", messages.WARNING)
@@ -239,18 +249,9 @@ class TasksPage:
     def cancel_view(self, request, result_id):
         """Cancel a READY task (streams_app.tasks.cancel): a confirmation, then POST; a LogEntry."""
         model_admin = self.model_admin
-        self._require_view(request)  # the confirmation shows the arguments: a viewer's page
-        if not model_admin.has_cancel_permission(request):
-            raise PermissionDenied
-        if not results.valid_id(result_id):
-            raise Http404("not a task result id")
-        detail = reverse("admin:streams_app_taskresult_change", args=[result_id])
-        if request.method != "POST":
-            return HttpResponseRedirect(detail)  # a GET changes nothing: the result's page has the button
-        record = self._record(request, result_id)
-        if record is None:
-            return TemplateResponse(request, "admin/streams_app/taskresult/change_form.html",
-                                    self._context(request, f"Task result {result_id}", result_id=result_id, record=None))
+        detail, record = self._action(request, result_id, model_admin.has_cancel_permission)
+        if detail is None:
+            return record
         if record["status"] != "READY":
             model_admin.message_user(request, f"Task result {result_id} is {record['status']}: only a task that has "
                                               "not started (READY) can be cancelled. Nothing changed.", messages.WARNING)
