@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from shoal_common import early_signals, logformat
+from shoal_common import early_signals, logformat, replacement
 from streams_app import broadcast, partitions, registry
 
 from streams_app.consuming import chunks, liveness
@@ -65,6 +65,10 @@ class Worker:
     # Supervision hooks (streams_app.supervisor.worker_main): the class of the handler pool, so a supervised worker
     # can track handler progress, and ``heartbeat(worker)``, called on every pass of ``run()``.
     executor_class = ThreadPoolExecutor
+    # How this process is replaced by a fresh one when a task runs past its time limit
+    # (streams_app/tasks/timelimits.py): a supervised worker exits to its supervisor, runconsumer without
+    # one execs itself; None (a Worker run in-process, e.g. by call_command): it cannot be.
+    replace = None
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
                  clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None):
@@ -118,6 +122,8 @@ class Worker:
                         signal.Signals(stopped.signum).name)
             return EXIT_OK
         self.install_signals()
+        if self.replace is not None:
+            replacement.install(self.replace_process)
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
@@ -280,6 +286,20 @@ class Worker:
         one script call per node, when a stream's time has come). Not once stopping: others move them."""
         if not self.shutdown.is_set():
             self.mover.tick()
+
+    def replace_process(self, reason):
+        """Replace this process (shoal_common.replacement): its deadline marked lapsed first, so its pending
+        entries are taken over at once (by its replacement too) instead of after PENDING_TIMEOUT_MS."""
+        logger.error("Consumer %s: %s; replacing this process (its other in-flight entries are delivered again)",
+                     self.name, reason)
+        self.liveness_due = float("inf")  # the main loop must not renew what is marked lapsed here
+        try:
+            liveness.beat(get_connection(), self.streams, self.name, 0)
+        except (*TRANSIENT_ERRORS, redis.ResponseError):
+            pass  # they are taken over after the pending timeout instead
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.replace()
 
     def forget_liveness(self):
         # A clean exit is not a death: drop the deadline so nobody takes over what stays pending

@@ -20,7 +20,7 @@ from collections import deque
 from setproctitle import setproctitle
 
 from shoal_common import early_signals, logformat
-from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK
+from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK, EXIT_REPLACED
 from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
 logger = logging.getLogger("streams_app.supervisor")
@@ -347,6 +347,12 @@ class Supervisor:
             )
         if code == 0 and worker.kill_reason is None:
             logger.warning("Supervisor: worker %s exited on its own (%s); replacing it", worker, how)
+            return
+        if code == EXIT_REPLACED and worker.kill_reason is None:
+            # A task ran past its timeout (streams_app/tasks/timelimits.py): the worker asked for a fresh
+            # process. Not a crash: a timeout is the task's failure, recorded on its result.
+            logger.warning("Supervisor: worker %s asked to be replaced (a task ran past its timeout); replacing it",
+                           worker)
             return
         delay = self.record_crash(now)
         logger.warning("Supervisor: worker %s crashed (%s%s); replacing it in %.1fs", worker, how,

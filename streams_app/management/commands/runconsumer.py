@@ -157,6 +157,8 @@ class Command(DaemonCommand):
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
                         shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
                         burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT)
+        if sys.argv[1:2] == ["runconsumer"]:  # this process is the command's own, not a call_command in a test
+            worker.replace = _exec_again
         try:
             code = worker.run()
         except BurstGaveUp as exc:
@@ -185,3 +187,9 @@ class Command(DaemonCommand):
         code = supervisor.run()
         if code:
             raise CommandError(f"the supervisor stopped with exit {code}; see the log above.", returncode=code)
+
+
+def _exec_again():
+    """A task ran past its timeout (streams_app/tasks/timelimits.py): this process is replaced by the same
+    command started afresh, in place (the same pid for systemd or a container runtime)."""
+    os.execv(sys.executable, sys.orig_argv)
