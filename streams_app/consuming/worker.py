@@ -71,7 +71,8 @@ class Worker:
     replace = None
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
-                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None):
+                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None,
+                 scheduler=None):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -98,6 +99,9 @@ class Worker:
         self.mover = Mover(self.streams, config=config, clock=clock, name=self.name,  # deferred messages
                            refused=refusals.refused)
         self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
+        # runconsumer without a supervisor: the periodic tasks' scheduler (streams_app.tasks.periodic), whose
+        # tick() this loop calls once per pass (at most a second apart, whatever the handlers do).
+        self.scheduler = scheduler
         self.burst = burst  # handle what is there, then stop (runconsumer --burst)
         self.burst_timeout = burst_timeout  # seconds; None: no bound
         self.burst_deadline = float("inf")
@@ -134,6 +138,8 @@ class Worker:
                 self.heartbeat(self)
             self.renew_liveness()
             self.move_scheduled()
+            if self.scheduler is not None and not self.shutdown.is_set():
+                self.scheduler.tick()
             try:
                 waiting = 0.1 if self.shutdown.is_set() or self.burst else self.mover.wait()
                 signum = self.signals.get(timeout=waiting)

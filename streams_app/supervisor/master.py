@@ -80,7 +80,7 @@ class Supervisor:
     def __init__(self, spawner, *, workers=1, autoscaler=None, lag_reader=None, lag_interval=None,
                  shutdown_timeout=30.0, heartbeat_timeout=60.0, restart_delay=1.0, crash_limit=10,
                  crash_window=600.0, metrics=None, label="", clock=time.monotonic, set_title=setproctitle,
-                 reap_orphans=None):
+                 reap_orphans=None, scheduler=None):
         self.spawner = spawner
         self.autoscaler = autoscaler
         self.desired = autoscaler.minimum if autoscaler else workers
@@ -94,6 +94,10 @@ class Supervisor:
         self.crash_limit = crash_limit
         self.crash_window = crash_window
         self.metrics = metrics
+        # The periodic tasks of the queues this pool runs (streams_app.tasks.periodic): enqueued from this
+        # loop, about once a second, however busy the workers are. It keeps its own wall clock (ticks are
+        # wall times) and never raises for Redis or a task that cannot be enqueued.
+        self.scheduler = scheduler
         self.label = label
         # Heartbeats carry this clock's readings too (CLOCK_MONOTONIC is one clock for every process
         # of the host): a wall-clock step (NTP, VM resume) neither kills healthy workers as stuck nor
@@ -149,6 +153,7 @@ class Supervisor:
                 self.follow_backlog(now)
                 self.roll(now)
                 self.manage_workers(now)
+                self.schedule_periodic()
         except HaltServer as halt:
             logger.error("Supervisor: %s", halt.reason)
             self.begin_stop(now, halt.exit_code)
@@ -438,6 +443,10 @@ class Supervisor:
             worker.kill_at = min(worker.kill_at or now + FORCED_STOP_GRACE, now + FORCED_STOP_GRACE)
 
     # -- backlog and reporting --------------------------------------------------------------
+
+    def schedule_periodic(self):
+        if self.scheduler is not None:
+            self.scheduler.tick()
 
     def follow_backlog(self, now):
         if self.lag_reader is None or now < self.next_lag_at:

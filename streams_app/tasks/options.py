@@ -26,6 +26,9 @@ DEFAULTS = {
     # "db" runs each task in a transaction with a ProcessedMessage row keyed by the result id, so a
     # task whose effects are writes to that database has them once, however often it is delivered.
     "IDEMPOTENT": None,
+    # Periodic tasks (Celery's beat): {name: {"task": path, "cron": "..." or "every": seconds, ...}}, enqueued by
+    # every runconsumer that runs their queue, each tick once (docs/tasks.md "Periodic tasks"; checks E064-E068).
+    "PERIODIC": None,
 }
 
 

@@ -12,6 +12,7 @@ from streams_app.checks import settings_errors
 from streams_app.registry import select
 from streams_app.consuming.burst import BurstGaveUp
 from streams_app.consuming.worker import EXIT_BURST_UNFINISHED, EXIT_CONFIG, Worker
+from streams_app.tasks.periodic.scheduler import for_specs
 
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
@@ -156,7 +157,8 @@ class Command(DaemonCommand):
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
         worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
                         shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
-                        burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT)
+                        burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT,
+                        scheduler=None if options["burst"] else for_specs(specs))
         if sys.argv[1:2] == ["runconsumer"]:  # this process is the command's own, not a call_command in a test
             worker.replace = _exec_again
         try:
