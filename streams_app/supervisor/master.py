@@ -2,8 +2,8 @@
 
 The master never consumes. Signal handlers only put the signal on a queue; ``run()`` is a short
 loop around ``tick(now)``, which dispatches queued signals to ``handle_<name>()``, reaps exited
-workers, kills those whose heartbeat went stale, follows the backlog, steps a rolling restart
-and brings the worker count to the desired one. Tests drive ``tick()`` with an injected ``now``.
+workers, kills those whose heartbeat went stale, follows the backlog, steps a rolling restart,
+brings the worker count to the desired one and enqueues the due periodic tasks (``scheduler``). Tests drive ``tick()`` with an injected ``now``.
 
 Workers are started by a spawner (``streams_app.supervisor.spawn``): fresh interpreters, so a HUP loads new
 handler code; with --preload, forks of a zygote (``streams_app.supervisor.preload``), whose HUP starts a

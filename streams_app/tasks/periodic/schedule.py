@@ -140,14 +140,15 @@ class Cron:
         return f"cron {self.expression} ({self.timezone})"
 
 
-def due(schedule, last, now, catch_up, late_after, limit):
+def due(schedule, last, now, catch_up, late_after, limit, since=None):
     """The ticks to enqueue at ``now``, in order, given ``last`` (the newest tick enqueued, None when none
     ever was). A tick up to ``late_after`` ms old is on time and runs; an older one was missed (nothing ran
     then), and ``catch_up`` says what of those runs: "latest" the newest, "all" each (``limit`` per pass,
-    the rest on the next ones), "none" nothing."""
+    the rest on the next ones), "none" nothing. A schedule never enqueued has missed nothing: its ticks
+    start after ``since`` (when the scheduler started), or LATE_AFTER ago."""
     on_time_from = now - late_after
     if last is None:
-        last = on_time_from  # a schedule seen for the first time has missed nothing
+        last = on_time_from if since is None else max(on_time_from, since)
     missed = []
     if last < on_time_from:
         if catch_up == "all":

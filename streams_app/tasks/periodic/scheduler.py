@@ -135,10 +135,12 @@ class Scheduler:
                  late_after=LATE_AFTER, limit=CATCH_UP_LIMIT):
         self.entries = list(entries)
         self.clock = clock
+        # A schedule that was never enqueued starts after this: a first start runs no ticks from before it.
+        self.started = int(clock() * 1000)
         self.connection = connection
         self.late_after = late_after
         self.limit = limit
-        self.next_at = {entry.name: 0 for entry in self.entries}  # epoch ms; None: never again
+        self.next_at = {(entry.alias, entry.name): 0 for entry in self.entries}  # epoch ms; None: never again
         self.failing = False  # Redis did not answer: said once, until it does again
 
     def tick(self, now=None):
@@ -146,7 +148,7 @@ class Scheduler:
         now_ms = int((self.clock() if now is None else now) * 1000)
         enqueued = 0
         for entry in self.entries:
-            wake = self.next_at[entry.name]
+            wake = self.next_at[entry.alias, entry.name]
             if wake is None or now_ms < wake:
                 continue
             try:
@@ -160,11 +162,11 @@ class Scheduler:
             except (RejectMessage, PublishError) as exc:
                 logger.error("Periodic %s: cannot enqueue %s: %s; trying again in %.0f s", entry.name,
                              entry.task_path, exc, RETRY_AFTER)
-                self.next_at[entry.name] = now_ms + int(RETRY_AFTER * 1000)
+                self.next_at[entry.alias, entry.name] = now_ms + int(RETRY_AFTER * 1000)
             except Exception:
                 logger.exception("Periodic %s: enqueueing %s failed; trying again in %.0f s", entry.name,
                                  entry.task_path, RETRY_AFTER)
-                self.next_at[entry.name] = now_ms + int(RETRY_AFTER * 1000)
+                self.next_at[entry.alias, entry.name] = now_ms + int(RETRY_AFTER * 1000)
         self.failing = False
         return enqueued
 
@@ -172,7 +174,7 @@ class Scheduler:
         conn = self.connection()
         task = entry.task()
         ticks = due(entry.schedule, last_tick(conn, entry, task), now_ms, entry.catch_up, self.late_after,
-                    self.limit)
+                    self.limit, since=self.started)
         enqueued = 0
         for tick in ticks:
             if enqueue_tick(conn, entry, tick, now_ms):
@@ -180,7 +182,7 @@ class Scheduler:
                 logger.info("Periodic %s: enqueued %s for %s (result %s)", entry.name, entry.task_path,
                             to_datetime(tick).isoformat(), result_id(entry, tick))
         # A capped catch-up goes on at the next pass; else nothing is due before the next tick.
-        self.next_at[entry.name] = now_ms if len(ticks) >= self.limit else entry.schedule.next_after(now_ms)
+        self.next_at[entry.alias, entry.name] = now_ms if len(ticks) >= self.limit else entry.schedule.next_after(now_ms)
         return enqueued
 
 

@@ -85,8 +85,10 @@ def test_a_bad_cron_expression_is_a_value_error():
 EVERY_10 = Every(10)
 
 
-def test_a_schedule_seen_the_first_time_runs_only_its_ticks_on_time():
-    assert due(EVERY_10, None, 100_000, "all", 10_000, 100) == [100_000]
+def test_a_schedule_never_enqueued_runs_no_tick_from_before_its_scheduler_started():
+    assert due(EVERY_10, None, 100_000, "all", 10_000, 100, since=95_000) == [100_000]
+    assert due(EVERY_10, None, 100_000, "all", 30_000, 100, since=75_000) == [80_000, 90_000, 100_000]
+    assert due(EVERY_10, None, 100_000, "all", 10_000, 100, since=100_000) == []
 
 
 def test_ticks_late_by_up_to_late_after_all_run_whatever_catch_up_says():
@@ -134,9 +136,8 @@ def test_two_schedulers_on_one_redis_enqueue_each_tick_once(jobs, redis):
         clock.now += 0.5  # both look twice per tick, in either order
         pair = (first, second) if step % 3 else (second, first)
         enqueued += sum(one.tick() for one in pair)
-    # The first pass (at 1_000_000.5 s) runs the ticks of the LATE_AFTER (10 s) before it too.
-    ticks = list(range(1_000_000_000 - 9000, int(clock.now * 1000) + 1, 1000))
-    assert enqueued == len(ticks) == 20
+    ticks = list(range(1_000_000_000 + 1000, int(clock.now * 1000) + 1, 1000))
+    assert enqueued == len(ticks) == 10
     ids = stream_ids(redis)
     assert sorted(ids) == sorted(scheduler.result_id(entry(), tick) for tick in ticks)  # each once, none missing
     for tick in ticks:
@@ -158,20 +159,23 @@ def test_a_tick_claimed_once_is_not_enqueued_again(jobs, redis):
 
 
 def test_a_scheduler_that_died_before_its_claim_leaves_the_tick_to_the_next(jobs, redis):
-    clock = Clock(2_000_000.0)
+    clock = Clock(1_999_999.5)
     first = scheduler.Scheduler([entry()], clock=clock)
-    assert first.tick() == 10  # up to 2_000_000 s (and the 9 ticks of LATE_AFTER before it)
+    clock.now += 0.5
+    assert first.tick() == 1  # tick 2_000_000 s
     clock.now += 4  # first is gone (SIGKILL) before these ticks; another supervisor starts 4 s later
     second = scheduler.Scheduler([entry()], clock=clock)
     assert second.tick() == 4
     assert sorted(stream_ids(redis)) == sorted(scheduler.result_id(entry(), t * 1000)
-                                               for t in range(1_999_991, 2_000_005))
+                                               for t in range(2_000_000, 2_000_005))
 
 
 def test_after_a_long_stop_catch_up_latest_runs_the_newest_missed_tick_then_the_ticks_on_time(jobs, redis):
     beat = entry(every=60)
-    clock = Clock(3_000_000.0 - 3_000_000 % 60)
-    scheduler.Scheduler([beat], clock=clock).tick()
+    clock = Clock(3_000_000.0 - 3_000_000 % 60 - 1)
+    first = scheduler.Scheduler([beat], clock=clock)
+    clock.now += 1
+    assert first.tick() == 1
     clock.now += 3600  # an hour with nothing running: 59 ticks missed, the 60th due now
     assert scheduler.Scheduler([beat], clock=clock).tick() == 2  # the newest missed, and the one due now
     assert sorted(stream_ids(redis)) == sorted(scheduler.result_id(beat, int(t) * 1000)
@@ -185,18 +189,19 @@ def test_a_scheduler_reads_redis_only_when_a_tick_is_due(jobs, redis):
     clock = Clock(4_000_000.0)
     one = scheduler.Scheduler([entry(every=10)], clock=clock)
     one.tick()
-    assert one.next_at["beat"] == 4_000_010_000
+    assert one.next_at["default", "beat"] == 4_000_010_000
     clock.now += 5
     assert one.tick() == 0
 
 
 def test_a_task_whose_module_fails_to_import_is_logged_and_tried_later_the_rest_go_on(jobs, redis, caplog):
-    clock = Clock(5_000_000.0)
+    clock = Clock(4_999_999.0)
     broken = entries.build("default", "broken", {"task": "tests.testapp.periodic_broken.job", "every": 1})
     one = scheduler.Scheduler([broken, entry()], clock=clock)
-    assert one.tick() == 10  # the other's ticks of the last LATE_AFTER
+    clock.now += 1
+    assert one.tick() == 1
     assert "Periodic broken: cannot enqueue tests.testapp.periodic_broken.job" in caplog.text
-    assert one.next_at["broken"] == 5_000_000_000 + scheduler.RETRY_AFTER * 1000
+    assert one.next_at["default", "broken"] == 5_000_000_000 + scheduler.RETRY_AFTER * 1000
 
 
 def test_run_now_enqueues_one_more_run_with_a_new_id_and_keeps_the_ticks(jobs, redis):
@@ -323,3 +328,15 @@ def test_two_supervisors_enqueue_each_tick_once_while_one_is_sigkilled(jobs, run
     assert all(record["id"] == scheduler.result_id(entry(), to_ms(record["run_after"])) for record in records)
     done = [record for record in records if record["status"] == "SUCCESSFUL"]
     assert done and all(jobs.add.get_result(record["id"]).return_value == 5 for record in done)
+
+
+@pytest.mark.slow
+def test_runconsumer_without_a_supervisor_schedules_too_and_runs_the_ticks(jobs, run_workers, redis):
+    options = {"PERIODIC": {"beat": {"task": "tests.testapp.tasks.add", "every": 1, "args": [2, 3]}}}
+    proc = run_workers("tasks:default:workers", options=options)
+    wait_for(lambda: len(stream_ids(redis)) >= 2, timeout=30, what="two ticks enqueued")
+    first = stream_ids(redis)[0]
+    done = wait_for(lambda: jobs.add.get_result(first).is_finished and jobs.add.get_result(first), timeout=30,
+                    what="the first run finished")
+    assert done.status == "SUCCESSFUL" and done.return_value == 5
+    assert "Periodic beat: enqueued" in proc.output()
