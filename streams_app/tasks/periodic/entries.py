@@ -163,7 +163,10 @@ def _task_problems(spec):
     try:
         find_task(path)
     except RejectMessage as exc:
-        return [("E066", f"\"task\" {path!r}: {exc}.".replace("; it was not run", "").replace(
-            "; a task message names only tasks, so it was not run", ""),
-            "A module-level function decorated with @task, in an installed app's module.")]
+        # The lookup words it for a task message ("...; it was not run"); here it is a setting.
+        reason = str(exc).removeprefix(f"task {path!r}: ").removeprefix(f"task {path!r} ")
+        for tail in ("; a task message names only tasks, so it was not run", "; it was not run"):
+            reason = reason.removesuffix(tail)
+        return [("E066", f"\"task\" {path!r}: {reason}.",
+                 "A module-level function decorated with @task, in an installed app's module.")]
     return []
