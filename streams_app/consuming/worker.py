@@ -133,6 +133,8 @@ class Worker:
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
                     ", ".join(registry.selectors(self.specs)), self.threads,
                     f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
+        if self.scheduler is not None:
+            logger.info("Consumer %s: schedules %s", self.name, self.scheduler.describe())
         while self.alive():
             if self.heartbeat is not None:
                 self.heartbeat(self)

@@ -133,6 +133,8 @@ class Supervisor:
         logformat.set_context(selector=self.label or None)
         self.install_signals()
         logger.info("Supervisor: started (%s); %s", self.label or "all consumers", self.describe_target())
+        if self.scheduler is not None:
+            logger.info("Supervisor: schedules %s", self.scheduler.describe())
         try:
             while not self.done:
                 self.tick()

@@ -143,6 +143,10 @@ class Scheduler:
         self.next_at = {(entry.alias, entry.name): 0 for entry in self.entries}  # epoch ms; None: never again
         self.failing = False  # Redis did not answer: said once, until it does again
 
+    def describe(self):
+        return f"{len(self.entries)} periodic task{'s' if len(self.entries) != 1 else ''}: " + ", ".join(
+            f"{entry.name} ({entry.schedule.describe()})" for entry in self.entries)
+
     def tick(self, now=None):
         """Enqueue the due ticks of every schedule; returns how many this pass enqueued."""
         now_ms = int((self.clock() if now is None else now) * 1000)

@@ -319,6 +319,7 @@ def test_two_supervisors_enqueue_each_tick_once_while_one_is_sigkilled(jobs, run
     survivor.signal(signal.SIGTERM)
     survivor.wait(timeout=60)
     assert said in survivor.output()
+    assert "Supervisor: schedules 1 periodic task: beat (every 1 second)" in survivor.output()
     ids = runs()
     assert len(ids) == len(set(ids)), "a tick was enqueued twice"
     records = [record for record in results.many(redis, ids) if record is not None]
@@ -340,3 +341,4 @@ def test_runconsumer_without_a_supervisor_schedules_too_and_runs_the_ticks(jobs,
                     what="the first run finished")
     assert done.status == "SUCCESSFUL" and done.return_value == 5
     assert "Periodic beat: enqueued" in proc.output()
+    assert "schedules 1 periodic task: beat (every 1 second)" in proc.output()
