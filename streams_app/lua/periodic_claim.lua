@@ -8,7 +8,8 @@
 -- ARGV: tick (epoch ms), result id, now (epoch ms, the index's score), result ttl (s), n (the number of
 --       result hash fields and values that follow), the n result fields and values, the message's fields and values.
 -- Returns 1 when this call enqueued the tick, 0 when it was enqueued already (this tick or a later one),
--- {-1, key, type} when a key holds another type (nothing written).
+-- 2 when the tick has not come yet on the Redis clock, {-1, key, type} when a key holds another type
+-- (nothing written in those three cases).
 local wanted = {'hash', 'stream', 'hash', 'zset'}
 for i, name in ipairs(KEYS) do
   local kind = redis.call('TYPE', name).ok
@@ -20,6 +21,11 @@ local tick = tonumber(ARGV[1])
 local last = redis.call('HGET', KEYS[1], 'tick')
 if last and tonumber(last) >= tick then
   return 0
+end
+-- Redis's clock decides when a tick has come: a host whose clock runs ahead does not enqueue early.
+local time = redis.call('TIME')
+if tick > tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) then
+  return 2
 end
 local n = tonumber(ARGV[5])
 local message = {}

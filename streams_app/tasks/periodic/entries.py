@@ -4,6 +4,7 @@ with them, for the system checks (streams_app/tasks/checks.py, E064-E068; docs/t
 ``PERIODIC = {name: {"task": "app.tasks.fn", "cron": "*/5 * * * *" | "every": seconds, "args": [...],
 "kwargs": {...}, "queue_name": ..., "priority": ..., "timezone": "Europe/Paris", "catch_up": "latest"}}``
 """
+import json
 import math
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
@@ -111,6 +112,10 @@ def problems(alias, params, name, spec):
         add("E064", f"\"args\" must be a list, not {type(spec['args']).__name__}.")
     if not isinstance(spec.get("kwargs", {}), dict):
         add("E064", f"\"kwargs\" must be a dict, not {type(spec['kwargs']).__name__}.")
+    try:
+        json.dumps([spec.get("args", []), spec.get("kwargs", {})], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        add("E064", f"\"args\" and \"kwargs\" must be JSON, as for enqueue ({exc}).")
     if spec.get("catch_up", "latest") not in CATCH_UP:
         add("E064", f"\"catch_up\" must be one of {', '.join(map(repr, CATCH_UP))}, not {spec['catch_up']!r}.")
     priority = spec.get("priority")

@@ -72,7 +72,8 @@ def _flat(mapping):
 
 def enqueue_tick(conn, entry, tick, now_ms=None):
     """Enqueue ``entry``'s run for ``tick`` (epoch ms) unless that tick or a later one was enqueued
-    already. True when this call enqueued it. The result's ``run_after`` is the tick's time."""
+    already. True when this call enqueued it, False when it was enqueued already, None when the tick has
+    not come yet on the Redis clock (this host's clock runs ahead). The result's ``run_after`` is the tick's time."""
     task = entry.task().using(run_after=to_datetime(tick))
     backend = task.get_backend()
     result, logical, payload, record = backend._prepared(task, entry.args, entry.kwargs)
@@ -92,6 +93,8 @@ def enqueue_tick(conn, entry, tick, now_ms=None):
     if isinstance(reply, list):
         raise PublishError(f"Redis key {to_text(reply[1])!r} holds a {to_text(reply[2])}, not what the periodic task "
                            f"{entry.name!r} keeps there; nothing was enqueued and the key was left as it is.")
+    if reply == 2:
+        return None
     if not reply:
         return False
     if cluster:
@@ -179,14 +182,20 @@ class Scheduler:
         task = entry.task()
         ticks = due(entry.schedule, last_tick(conn, entry, task), now_ms, entry.catch_up, self.late_after,
                     self.limit, since=self.started)
-        enqueued = 0
+        enqueued, early = 0, False
         for tick in ticks:
-            if enqueue_tick(conn, entry, tick, now_ms):
+            outcome = enqueue_tick(conn, entry, tick, now_ms)
+            if outcome is None:  # this clock is ahead of Redis's: the tick waits for the next pass
+                early = True
+                break
+            if outcome:
                 enqueued += 1
                 logger.info("Periodic %s: enqueued %s for %s (result %s)", entry.name, entry.task_path,
                             to_datetime(tick).isoformat(), result_id(entry, tick))
-        # A capped catch-up goes on at the next pass; else nothing is due before the next tick.
-        self.next_at[entry.alias, entry.name] = now_ms if len(ticks) >= self.limit else entry.schedule.next_after(now_ms)
+        # A capped catch-up, or a tick early on Redis's clock, goes on at the next pass; else nothing is due
+        # before the next tick.
+        again = early or len(ticks) >= self.limit
+        self.next_at[entry.alias, entry.name] = now_ms if again else entry.schedule.next_after(now_ms)
         return enqueued
 
 

@@ -158,6 +158,17 @@ def test_a_tick_claimed_once_is_not_enqueued_again(jobs, redis):
     assert len(stream_ids(redis)) == 1
 
 
+def test_a_tick_not_come_yet_on_the_redis_clock_is_not_enqueued_early(jobs, redis):
+    seconds, micros = redis.time()
+    ahead = (seconds + 30) * 1000  # this host's clock 30 s ahead of Redis's
+    assert scheduler.enqueue_tick(redis, entry(), ahead) is None
+    assert stream_ids(redis) == [] and scheduler.last_tick(redis, entry()) is None
+    clock = Clock(seconds + 30.0)
+    one = scheduler.Scheduler([entry()], clock=Clock(seconds + 29.0))
+    one.clock = clock
+    assert one.tick() == 0 and one.next_at["default", "beat"] == int(clock.now * 1000)  # tried again next pass
+
+
 def test_a_scheduler_that_died_before_its_claim_leaves_the_tick_to_the_next(jobs, redis):
     clock = Clock(1_999_999.5)
     first = scheduler.Scheduler([entry()], clock=clock)
@@ -268,6 +279,7 @@ def test_checks_accept_good_entries(settings, jobs):
     ({"every": 5, "when": "often"}, "E064", "unknown key 'when'"),
     ({"every": 5, "catch_up": "some"}, "E064", "catch_up"),
     ({"every": 5, "args": "1, 2"}, "E064", "\"args\" must be a list"),
+    ({"every": 5, "args": [float("nan")]}, "E064", "must be JSON"),
     ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "E067", "'Mars/Olympus' is not a time zone"),
     ({"every": 5, "queue_name": "nope"}, "E068", "'nope' is not a queue of TASKS['default']"),
     ({"every": 5, "priority": 500}, "E064", "priority"),
