@@ -308,6 +308,7 @@ def test_a_cron_entry_without_croniter_installed_says_how_to_install_it(settings
 # -- two supervisors, one SIGKILLed half-way -----------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.both_redis  # on a cluster the result is written after the claim script, in its own slot
 def test_two_supervisors_enqueue_each_tick_once_while_one_is_sigkilled(jobs, run_workers, redis):
     options = {"PERIODIC": {"beat": {"task": "tests.testapp.tasks.add", "every": 1, "args": [2, 3]}}}
     streams = {"PENDING_TIMEOUT_MS": 1500, "CLAIM_INTERVAL_MS": 300}
