@@ -234,6 +234,13 @@ def test_entries_take_the_queue_and_priority_given(jobs, redis):
     assert record["queue"] == "emails" and record["priority"] == 10
 
 
+def test_an_async_task_s_runs_go_to_the_queue_s_async_stream(jobs, redis):
+    beat = entry(task="tests.testapp.tasks.async_add")
+    assert scheduler.enqueue_tick(redis, beat, 8_000_000) is True
+    assert len(stream_ids(redis, "tasks:default:async")) == 1 and stream_ids(redis) == []
+    assert scheduler.last_tick(redis, beat) == 8_000_000
+
+
 def test_runconsumer_schedules_only_the_entries_of_the_queues_it_runs(settings, jobs):
     from streams_app.registry import select
     from streams_app.tasks import setup
