@@ -43,11 +43,16 @@ class ThreadWorker(GThreadWorker):
         return super().handle_http2_request(req, conn, h2_conn)
 
     def ask_recycling(self):
+        # Out of reach first, then asked: another thread's request, past this check a moment later, compares
+        # nr with max_requests in gunicorn's code; set after the write and the log line, it found the old
+        # limit and the worker exited by itself ("Autorestarting worker"), as if nothing had been asked.
+        self.max_requests = sys.maxsize  # gunicorn's own `nr >= max_requests` never comes true
         self.recycle_asked = True
         if web_rollout.ask_recycling():
             self.log.info("Worker (pid:%s) reached max_requests (%s): it serves until the master has its "
                           "replacement ready.", self.pid, self.recycle_at)
-            self.max_requests = sys.maxsize  # gunicorn's own `nr >= max_requests` never comes true
+        else:
+            self.max_requests = self.recycle_at  # not under Shoal's master: gunicorn's own recycling
 
     def set_accept_enabled(self, enabled):
         super().set_accept_enabled(enabled)
