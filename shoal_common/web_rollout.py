@@ -215,9 +215,13 @@ class ShoalArbiter(Arbiter):
         self.spawn_after = 0.0
         self.backoff = BACKOFF[0]
         self.failed_at = None
-        # Every running worker is replaced now, a recycling's replacement not ready yet too. Those past
-        # max_requests stay due: if the rollout is aborted they are still to be recycled (they asked once).
+        # Every running worker is replaced now. One not ready yet (a recycling's replacement, a dead worker's)
+        # is stopped at once: it loads the code of before the HUP, and its failure to boot is not this
+        # rollout's (it aborted the HUP of fixed code). Those past max_requests stay due: if the rollout is
+        # aborted they are still to be recycled (they asked once).
         self.replacing.clear()
+        for pid in [pid for pid in self.retiring if pid not in self.ready]:
+            self._retire(pid)
         # Under load the old workers reached max_requests while the new ones were still importing, and were
         # recycled into workers of the new code: when that code could not load, nothing was left to serve.
         self.recycling.hold("a rollout is under way", warn=False)

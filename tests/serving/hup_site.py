@@ -3,20 +3,20 @@
 import textwrap
 
 VIEW = 'from django.http import HttpResponse\n\n\ndef version(request):\n    return HttpResponse("{text}")\n'
-GATED_VIEW = '''import os
+GATED = '''import os
 import time
 
 from django.http import HttpResponse
 
 # New code that loads only once the test opens the gate (the file exists): the test decides when the new
 # workers become ready, instead of racing them. Bounded, so a failed test leaves no worker behind for long.
+open({gate!r} + ".waiting", "w").close()  # the test may now change the code on disk: this one is imported
 deadline = time.monotonic() + 120
 while not os.path.exists({gate!r}) and time.monotonic() < deadline:
     time.sleep(0.05)
 
 
-def version(request):
-    return HttpResponse("{text}")
+{body}
 '''
 BROKEN_VIEW = 'raise RuntimeError("broken deploy: cannot import")\n'
 BROKEN_MIDDLEWARE = '''
@@ -46,3 +46,10 @@ def make_site(directory):
 
 def site_env(directory, **extra):
     return {"PYTHONPATH": str(directory), "DJANGO_SETTINGS_MODULE": "hup_settings", **extra}
+
+
+def gated_view(gate, text=None):
+    """A view module whose import waits for ``gate`` to exist, then serves ``text`` (None: then raises)."""
+    body = (f'def version(request):\n    return HttpResponse("{text}")\n' if text is not None
+            else 'raise RuntimeError("broken deploy: cannot import")\n')
+    return GATED.format(gate=str(gate), body=body)

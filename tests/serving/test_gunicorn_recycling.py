@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.serving.hup_site import BROKEN_VIEW, GATED_VIEW, VIEW, site_env
+from tests.serving.hup_site import BROKEN_VIEW, VIEW, gated_view, site_env
 from tests.serving.load import Load
 from tests.waiting import wait_for
 
@@ -52,6 +52,8 @@ def test_code_broken_on_disk_before_the_hup_never_stops_the_site_and_the_fixed_h
         output = server.output()
         assert "RECYCLING HELD" in output and "broken deploy: cannot import" in output, output[-4000:]
         assert "NO WORKER IS SERVING" not in output, output[-4000:]
+        # No worker past max_requests left by itself (another of its threads once saw the old limit).
+        assert "Autorestarting worker" not in output, output[-4000:]
         assert set(server.worker_pids()) >= old  # the old workers, with perhaps a replacement trying to boot
         assert [int(n) for n in NEXT_ATTEMPT.findall(output)][:3] == [1, 2, 4], output[-4000:]
         status, body = readyz(server)
@@ -68,9 +70,11 @@ def test_code_broken_on_disk_before_the_hup_never_stops_the_site_and_the_fixed_h
 
         fixing_at = time.monotonic()
         (site / "hup_view.py").write_text(VIEW.format(text="fixed code"))
-        hup_at = len(server.output())
+        hup_at, before = len(server.output()), set(server.worker_pids())
         server.signal(signal.SIGHUP)
         wait_for(lambda: "Rollout complete" in server.output()[hup_at:], timeout=90, what="the fixed HUP's rollout")
+        # Stopped old workers answer their kept-alive connections for up to 2 s (gthread's linger) before they exit.
+        wait_for(lambda: before.isdisjoint(server.worker_pids()), timeout=60, what="the old workers gone")
         fixed_at = time.monotonic()
         wait_for(lambda: requests_since(load, fixed_at) >= 200, timeout=60, what="200 requests after the fixed HUP")
     finally:
@@ -88,7 +92,7 @@ def test_a_rollout_completes_when_its_old_workers_went_before_the_new_ones_were_
     gate = site / "gate"
     server = gunicorn(workers=2, env=site_env(site))
     old = server.worker_pids()
-    (site / "hup_view.py").write_text(GATED_VIEW.format(gate=str(gate), text="new code"))
+    (site / "hup_view.py").write_text(gated_view(gate, "new code"))
     server.signal(signal.SIGHUP)
     wait_for(lambda: len(server.worker_pids()) == 4, timeout=60, what="two new workers loading")
     for pid in old:  # this test's gunicorn's workers
@@ -108,7 +112,7 @@ def test_the_rollout_log_counts_the_workers_that_serve(gunicorn, site):
     # their replacements are ready": two of them served, the two still loading were stopped at once.
     gate = site / "gate"
     server = gunicorn(workers=2, env=site_env(site))
-    (site / "hup_view.py").write_text(GATED_VIEW.format(gate=str(gate), text="new code"))
+    (site / "hup_view.py").write_text(gated_view(gate, "new code"))
     server.signal(signal.SIGHUP)
     wait_for(lambda: len(server.worker_pids()) == 4, timeout=60, what="the first HUP's two workers loading")
     server.signal(signal.SIGHUP)
@@ -144,3 +148,25 @@ def test_a_worker_exits_without_a_resource_warning_about_the_registration_proces
     output = server.output()
     assert "Worker exiting" in output
     assert "ResourceWarning" not in output, output[-4000:]
+
+
+def test_a_hup_is_not_aborted_by_a_worker_of_the_code_before_it_that_fails(gunicorn, site):
+    # The bench run of the trial's scenario: a dead worker's replacement, forked before the HUP of fixed code and
+    # still loading the broken code then, failed during the rollout and aborted it ("ROLLOUT ABORTED").
+    gate = site / "gate"
+    server = gunicorn(workers=2, env=site_env(site))
+    (site / "hup_view.py").write_text(gated_view(gate))  # broken, once the gate opens
+    gone = server.worker_pids()[0]
+    os.kill(gone, signal.SIGTERM)  # this test's gunicorn's worker: the master forks a replacement
+    wait_for(lambda: (site / "gate.waiting").exists(), timeout=60, what="a replacement importing the broken code")
+    (site / "hup_view.py").write_text(VIEW.format(text="fixed code"))
+    hup_at = len(server.output())
+    server.signal(signal.SIGHUP)
+    wait_for(lambda: "Rollout: starting" in server.output()[hup_at:], timeout=60, what="the rollout started")
+    gate.touch()  # the replacement of before the HUP fails now, while the new workers load
+    wait_for(lambda: re.search("ROLLOUT ABORTED|Rollout complete", server.output()[hup_at:]), timeout=90,
+             what="the rollout's outcome")
+    output = server.output()[hup_at:]
+    assert "Rollout complete" in output and "ROLLOUT ABORTED" not in output, output[-4000:]
+    assert "the 1 serving now" in output, output[-4000:]
+    wait_for(lambda: server.get("/version") == (200, "fixed code"), timeout=30, what="the fixed code answering")
