@@ -5,7 +5,7 @@ startproject`` + the README's blocks) with the wheel of this checkout in a venv 
 fixed code is deployed and HUP'd, and must be what answers.
 
     .venv/bin/python bench/web_rollout.py [--scenario aborted-hup|broken-before-hup] [--requests 13200]
-        [--python python3.13] [--django 6.1.3] [--max-requests 2000]
+        [--python python3.13] [--django 6.1.3] [--max-requests 2000] [--stall 30]
 
 Scenarios: ``aborted-hup`` writes the broken code and sends HUP (the rollout is aborted, the old workers
 keep serving through their recycling); ``broken-before-hup`` writes it and sends nothing (a deploy whose
@@ -67,6 +67,8 @@ def main():
     parser.add_argument("--python", default="python3.13")
     parser.add_argument("--django", default="6.1.3")
     parser.add_argument("--max-requests", type=positive, default=2000)
+    parser.add_argument("--stall", type=positive, default=30,
+                        help="give up waiting for the requests after this many seconds with none completed")
     args = parser.parse_args()
     python = shutil.which(args.python) or args.python
     if args.python == "python3.13" and ".pyenv/shims" in python:
@@ -110,11 +112,17 @@ def main():
         def after():
             return sum(r.started > broken_at for r in load.results)
 
-        try:
-            wait_for(lambda: after() >= args.requests, timeout=max(600, args.requests / 20), interval=0.5,
-                     what=f"{args.requests} requests after the broken deploy")
-        except AssertionError as exc:
-            print(f"STOPPED: {exc}; {after()} done")
+        def done_or_stalled():
+            if after() >= args.requests:
+                return True
+            last = max((r.finished for r in load.results[-50:] if r.status == 200), default=broken_at)
+            if time.monotonic() - max(last, broken_at) > args.stall:
+                print(f"STOPPED: no request answered for {args.stall} s, {after()} done after the broken deploy")
+                return True
+            return False
+
+        wait_for(done_or_stalled, timeout=max(600, args.requests / 20), interval=0.5,
+                 what=f"{args.requests} requests after the broken deploy")
         seconds = time.monotonic() - broken_at
         broken_results = [r for r in load.results[first:] if r.started > broken_at]
         failed = [r for r in broken_results if r.status != 200]

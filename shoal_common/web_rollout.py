@@ -206,8 +206,7 @@ class ShoalArbiter(Arbiter):
             self.pidfile = Pidfile(self.cfg.pidfile)
             self.pidfile.create(self.pid)
         util._setproctitle(f"master [{self.proc_name}]")
-        # Then ours: every worker now running (a not yet ready one of an earlier rollout too) is
-        # replaced, each only once a new one is ready.
+        # Then ours: every worker now serving is replaced, each only once a new one is ready.
         self.retiring = {pid for pid in self.WORKERS if pid not in self.draining}
         self.rollout_started = time.monotonic()
         # A new deploy is a new attempt: its first failure waits 1 s again, not what earlier failures doubled
