@@ -122,6 +122,7 @@ class ShoalArbiter(Arbiter):
         self.backoff = BACKOFF[0]
         self.failed_at = None  # when the last failed boot doubled the back-off
         self.due = {}  # pid -> when it reached max_requests: replaced (recycled) one at a time
+        self.due_warned = set()  # those of them logged as kept serving while recycling is held
         self.replacing = {}  # pid of a replacement not ready yet -> pid of the worker past max_requests it replaces
         self.rollout_started = None  # a rollout (HUP) is under way while set
         self.stopping = False
@@ -168,9 +169,21 @@ class ShoalArbiter(Arbiter):
         if pid not in self.WORKERS or pid in self.draining or pid in self.due:
             return
         self.due[pid] = time.monotonic()
-        if self.recycling.held and self.rollout_started is None:  # a rollout replaces it anyway
-            self.log.warning("Worker (pid:%s) reached max_requests while the master holds recycling (%s): it keeps "
-                             "serving with the code it loaded.", pid, self.recycling.reason)
+        self._warn_due_held()
+
+    def _warn_due_held(self):
+        """Once per worker past max_requests, when recycling is held (not for a rollout under way, which
+        replaces them anyway): it goes on serving the old code, and the operator should know why."""
+        if not self.recycling.held:
+            self.due_warned.clear()  # a later hold says it again
+            return
+        if self.rollout_started is not None:
+            return
+        for pid in self.due:
+            if pid not in self.due_warned and pid in self.WORKERS and pid not in self.draining:
+                self.due_warned.add(pid)
+                self.log.warning("Worker (pid:%s) reached max_requests while the master holds recycling (%s): it "
+                                 "keeps serving with the code it loaded.", pid, self.recycling.reason)
 
     # -- spawning, reloading, retiring -------------------------------------------------------
 
@@ -345,6 +358,7 @@ class ShoalArbiter(Arbiter):
         spawned_at = self.spawned_at.pop(pid, None)
         replaced = self.replacing.pop(pid, None)
         self.due.pop(pid, None)
+        self.due_warned.discard(pid)
         for new, old in list(self.replacing.items()):
             if old == pid:  # the worker being replaced went first: its replacement is an ordinary worker now
                 del self.replacing[new]
@@ -405,3 +419,4 @@ class ShoalArbiter(Arbiter):
                                   "or fail until the code on disk is fixed and HUP is sent. Next attempt in %.0f s.",
                                   pid, self.backoff)
         self.recycling.hold(reason)
+        self._warn_due_held()  # those that reached max_requests before the hold (during the aborted rollout)

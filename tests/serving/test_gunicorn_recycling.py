@@ -51,6 +51,8 @@ def test_code_broken_on_disk_before_the_hup_never_stops_the_site_and_the_fixed_h
                                  + server.output()[-6000:]) from None
         output = server.output()
         assert "RECYCLING HELD" in output and "broken deploy: cannot import" in output, output[-4000:]
+        # Past max_requests before the hold began, and told so when it did.
+        assert "keeps serving with the code it loaded" in output, output[-4000:]
         assert "NO WORKER IS SERVING" not in output, output[-4000:]
         # No worker past max_requests left by itself (another of its threads once saw the old limit).
         assert "Autorestarting worker" not in output, output[-4000:]
