@@ -61,6 +61,7 @@ class Registrar:
                                       f"TTL ({effective_ttl:g} s), or the instance expires between heartbeats")
         self.backoff_max = config["RETRY_BACKOFF_MAX"]
         self.registry = registry
+        self._made_registry = False  # True once the thread made its own (closed at stop)
         if isinstance(health_check, str) and not health_check.startswith(("http://", "https://")):
             raise InvalidRegistration(f"health_check must be a callable or an http(s) URL, not {health_check!r}")
         self.health_check = health_check
@@ -126,6 +127,13 @@ class Registrar:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
             self._wake_r = self._wake_w = None
+            if self._made_registry:  # its pool is the thread's own: closed, not left to the interpreter's exit
+                registry, self.registry = self.registry, None
+                pool = getattr(registry.connection, "connection_pool", None)  # close() leaves a pool given to it
+                try:
+                    pool.disconnect() if pool is not None else registry.connection.close()
+                except Exception:  # noqa: BLE001 -- stopping: nothing to do about it
+                    pass
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -335,4 +343,5 @@ class Registrar:
         if self.registry is None:
             # Made lazily in whichever thread needs it; never in the process that forks workers' sockets.
             self.registry = ServiceRegistry(dedicated_registry_connection(), ttl=self.ttl)
+            self._made_registry = True
         return self.registry

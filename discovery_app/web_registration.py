@@ -144,6 +144,9 @@ def main(argv):
             pass
     registrar.stop()
     logger.info("Web registration: %s at %s:%s deregistered", service, address, port)
+    from shoal_common.connections import close_all
+
+    close_all()
     return 0
 
 

@@ -165,6 +165,9 @@ def worker_exit(server, worker):
     broadcast = sys.modules.get("streams_app.broadcast")  # absent when the app failed to load
     if broadcast is not None:
         broadcast.stop_listener(timeout=1.0)
+    connections = sys.modules.get("shoal_common.connections")  # imported once the app loaded
+    if connections is not None:
+        connections.close_all()
 
 
 def child_exit(server, worker):

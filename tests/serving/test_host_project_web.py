@@ -128,7 +128,12 @@ def test_a_deploy_that_cannot_load_leaves_the_old_code_serving_in_a_host_project
         # Fixed: the next HUP rolls forward.
         settings.write_text(original_settings)
         (site / "shop" / "views.py").write_text(VIEWS.format(text="new code"))
+        exited = server.output().count("Worker exiting (pid:")
         assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
+        # An old worker still answers its kept-alive connections while it drains (up to gthread's 2 s): the
+        # new code alone is served once both old workers have exited.
+        wait_for(lambda: server.output().count("Worker exiting (pid:") >= exited + 2, timeout=60,
+                 what="the two old workers exited")
         fixed_at = time.monotonic()
         wait_for(lambda: sum(r.started > fixed_at for r in load.results) >= 100, timeout=60,
                  what="100 requests after the fixed deploy")
@@ -172,7 +177,12 @@ def test_after_an_aborted_rollout_recycling_never_swaps_the_old_workers_for_ones
 
         fixing_at = time.monotonic()
         (site / "shop" / "views.py").write_text(VIEWS.format(text="new code"))
+        exited = server.output().count("Worker exiting (pid:")
         assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
+        # An old worker still answers its kept-alive connections while it drains (up to gthread's 2 s): the
+        # new code alone is served once both old workers have exited.
+        wait_for(lambda: server.output().count("Worker exiting (pid:") >= exited + 2, timeout=60,
+                 what="the two old workers exited")
         fixed_at = time.monotonic()
         wait_for(lambda: sum(r.started > fixed_at for r in load.results) >= 100, timeout=60,
                  what="100 requests after the fixed deploy")

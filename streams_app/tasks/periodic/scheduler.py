@@ -44,6 +44,9 @@ a supervisor's pass (1 s) and a slow Redis reply, so a tick a busy or retaking s
 not taken for one missed while nothing ran."""
 CATCH_UP_LIMIT = 100
 """Missed ticks ``catch_up = "all"`` enqueues per schedule and pass; the rest follow on the next passes."""
+OUTAGE_RETRY_MS = 5_000
+"""While Redis does not answer, how long the scheduler waits before it asks again: each attempt may block its
+caller (the supervisor's own loop) for the connection's timeout. A tick due meanwhile is late, not lost."""
 RETRY_AFTER = 60.0
 """Seconds before a schedule whose task cannot be enqueued (its module fails to import now) is tried again."""
 
@@ -145,6 +148,7 @@ class Scheduler:
         self.limit = limit
         self.next_at = {(entry.alias, entry.name): 0 for entry in self.entries}  # epoch ms; None: never again
         self.failing = False  # Redis did not answer: said once, until it does again
+        self.retry_at = 0  # epoch ms: while failing, no pass before then
 
     def describe(self):
         return f"{len(self.entries)} periodic task{'s' if len(self.entries) != 1 else ''}: " + ", ".join(
@@ -153,6 +157,8 @@ class Scheduler:
     def tick(self, now=None):
         """Enqueue the due ticks of every schedule; returns how many this pass enqueued."""
         now_ms = int((self.clock() if now is None else now) * 1000)
+        if self.failing and now_ms < self.retry_at:
+            return 0  # the supervisor's loop calls this every second: not a connect timeout in each pass
         enqueued = 0
         for entry in self.entries:
             wake = self.next_at[entry.alias, entry.name]
@@ -165,6 +171,7 @@ class Scheduler:
                     logger.warning("Periodic: Redis did not answer (%s: %s); the due ticks are enqueued when it "
                                    "does", type(exc).__name__, exc)
                 self.failing = True
+                self.retry_at = now_ms + OUTAGE_RETRY_MS
                 return enqueued
             except (RejectMessage, PublishError) as exc:
                 logger.error("Periodic %s: cannot enqueue %s: %s; trying again in %.0f s", entry.name,

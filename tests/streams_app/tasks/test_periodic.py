@@ -362,3 +362,28 @@ def test_runconsumer_without_a_supervisor_schedules_too_and_runs_the_ticks(jobs,
     assert done.status == "SUCCESSFUL" and done.return_value == 5
     assert "Periodic beat: enqueued" in proc.output()
     assert "schedules 1 periodic task: beat (every 1 second)" in proc.output()
+
+
+def test_while_redis_does_not_answer_the_scheduler_asks_again_only_every_few_seconds(jobs, redis_factory):
+    # A supervisor's loop runs a pass every second; each attempt against a Redis that is gone can block it
+    # for the connection's timeout, so the scheduler waits OUTAGE_RETRY_MS between attempts.
+    import redis as redis_py
+
+    server = redis_factory()
+    port = server.port
+    server.stop()
+    asked = []
+
+    def connection():
+        asked.append(1)
+        return redis_py.Redis(port=port, socket_connect_timeout=0.5)
+
+    clock = Clock(1_000_000.0)
+    one = scheduler.Scheduler([entry()], clock=clock, connection=connection)
+    for _ in range(4):  # four passes a second apart
+        clock.now += 1.0
+        assert one.tick() == 0
+    assert len(asked) == 1 and one.failing
+    clock.now += scheduler.OUTAGE_RETRY_MS / 1000
+    one.tick()
+    assert len(asked) == 2
