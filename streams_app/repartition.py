@@ -24,7 +24,7 @@ import socket
 import time
 
 from shoal_common.text import to_text
-from streams_app import drain, keys, layout, partitions, scheduled
+from streams_app import drain, keys, layout, partitions, registry, scheduled
 from streams_app.consuming.groups import ensure_group
 from streams_app.exceptions import StreamsError
 
@@ -148,7 +148,14 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
 def _prepare_and_switch(conn, stream, n, live, say):
     epoch = live.epoch + 1
     new = partitions.names(stream, n=n, epoch=epoch)
-    groups = sorted({g for p in live.names for g in drain.groups(conn, p)})
+    # The groups of this project's consumers too, on the current partitions at their own start: a group
+    # whose consumers never ran yet reads the entries published before the change (start "0"), and
+    # the drain waits for it, instead of retiring partitions no group has read.
+    declared = {spec.group: spec.start for spec in registry.declared(stream)}
+    for name in live.names:
+        for group, start in declared.items():
+            ensure_group(conn, name, group, start)
+    groups = sorted({g for p in live.names for g in drain.groups(conn, p)} | set(declared))
     say(f"{stream}: prepare: {len(live.names)} -> {n} partitions (epoch {epoch}); "
         f"creating {len(groups)} group(s) on the new partitions: {', '.join(groups) or '(none yet)'}")
     for name in new:
@@ -223,6 +230,10 @@ def _unpack_key(packed):
 
 def _drain(conn, stream, live, lock, say, clock, sleep):
     last_said = None
+    unread = {old: conn.xlen(old) for old in live.previous if conn.exists(old) and not drain.groups(conn, old)}
+    if any(unread.values()):
+        say(f"{stream}: drain: no group reads {', '.join(o for o, c in unread.items() if c)}; their "
+            f"{sum(unread.values())} entries stay there, unread (declare the consumer, or read them yourself)")
     while True:
         left = {old: drain.left(conn, old) for old in live.previous}
         total = sum(sum(groups.values()) for groups in left.values())
