@@ -13,8 +13,8 @@ anywhere is finished by running it again:
 4. **deferred**: messages waiting in the previous partitions' scheduled sets move to the partition
    their key routes to now;
 5. **drain**: wait until every group has handled everything of the previous partitions;
-6. **retire**: state ``stable``; the previous names join ``retired`` (their dead letters stay findable)
-   and consumers stop reading them.
+6. **retire**: their dead letters move to the partitions their keys route to now; state ``stable``; the
+   previous names join ``retired`` and consumers stop reading them (the streams stay, acknowledged).
 
 One run at a time per stream: ``{S}:repartition:lock`` (SET NX with a TTL, renewed while it runs).
 """
@@ -137,6 +137,9 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
     _move_deferred(conn, stream, live, say)
     _drain(conn, stream, live, lock, say, clock, sleep)
     _move_deferred(conn, stream, live, say)  # moved back by a mover of a previous partition meanwhile
+    letters = sum(move_dead_letters(conn, stream, old) for old in live.previous)
+    if letters:
+        say(f"{stream}: dead letters: moved {letters} to the partitions their keys route to now (replay puts them there)")
     record = {**live.record, "state": layout.STABLE, "previous": [],
               "retired": [p for p in live.retired + live.previous if p not in live.names],
               "finished_ms": _redis_ms(conn)}
@@ -212,6 +215,26 @@ def move_scheduled(conn, stream, old):
         conn.hdel(data, member)
         moved += 1
     return moved
+
+
+def move_dead_letters(conn, stream, old, batch=500):
+    """Move the dead letters of partition ``old`` to the dead-letter stream of their key's partition now.
+
+    So the admin, the dead-letter metric and ``replay`` (which puts a letter back where it lies) find them
+    in the live layout. Each is added there before it is deleted here: killed in between, a letter shows
+    twice, never goes missing."""
+    source = keys.dead_letter_key(old)
+    moved = 0
+    while True:
+        page = conn.xrange(source, count=batch)
+        if not page:
+            return moved
+        for entry_id, fields in page:
+            key = fields.get(b"key", fields.get("key"))
+            target = partitions.route(stream, to_text(key) if key is not None else None)
+            conn.xadd(keys.dead_letter_key(target), fields)
+            conn.xdel(source, entry_id)
+            moved += 1
 
 
 def _unpack_key(packed):
