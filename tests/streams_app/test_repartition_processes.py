@@ -72,7 +72,9 @@ def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_co
     producer.start()
     wait_for(lambda: time.monotonic() - began >= 8, timeout=20, what="8 seconds of publishing")
     command = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
+    switched = time.monotonic()
     assert command.wait(timeout=240) == 0, command.output()
+    took = time.monotonic() - switched
     producer.join(timeout=240)
     assert producer.error is None and producer.sent == TOTAL, producer.error
     out = command.output()
@@ -93,7 +95,7 @@ def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_co
     landed = [name for name in new if redis.xlen(name) > before[name]]
     assert len(landed) >= 6, landed
     assert "layout of ordered changed" in consumers.output()
-    print(out)
+    print(f"repartition 4 -> 8 under load: {took:.1f}s (command start to exit); {len(landed)} of 8 got fresh keys")
 
 
 def test_sigkills_of_a_worker_and_of_the_command_during_the_change(ordered4, redis, run_consumer):
@@ -140,10 +142,34 @@ def test_a_new_partition_waits_for_the_backlog_of_its_feeder(ordered4, redis, ru
     after, names = keyed(800, KEYS[:8], first=800)
     publish_many("ordered", after, keys=names)
     assert sum(redis.xlen(p) for p in partitions.names("ordered")) == 800  # in the new partitions
+    draining = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
+    draining.wait_for_output("entries left", timeout=60)  # nothing consumes yet: it waits in the drain
+    draining.kill()  # killed in the drain: running again finishes the job
     consumers = start(run_consumer, STREAMS)
+    wait_for(lambda: not redis.exists("{ordered}:repartition:lock"), timeout=30, what="the killed run's lock to lapse")
     finish = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
     assert finish.wait(timeout=240) == 0, finish.output()
+    assert "resuming the change from 4 to 8" in finish.output()
     wait_for(lambda: sum(redis.llen(f"seen:{key}") for key in KEYS[:8]) >= 1600, timeout=120, what="1600 handled")
     expected = {key: [p["n"] for p in before + after if p["key"] == key] for key in KEYS[:8]}
     assert_per_key_order(redis, KEYS[:8], expected)
     assert "waits for" in consumers.output()
+
+
+def test_runconsumer_without_a_supervisor_follows_in_the_same_process(ordered4, redis, run_consumer):
+    before, names = keyed(200, KEYS[:4])
+    publish_many("ordered", before, keys=names)
+    alone = run_consumer("ordered:o", streams=STREAMS)
+    wait_for(lambda: sum(redis.llen(f"seen:{key}") for key in KEYS[:4]) >= 200, timeout=90, what="200 handled")
+    command = run_consumer("ordered", "6", command="repartition", streams=STREAMS)
+    command.wait_for_output("seal: the previous partitions", timeout=60)
+    layout.forget()
+    after, names = keyed(200, KEYS[:4], first=200)
+    publish_many("ordered", after, keys=names)
+    assert command.wait(timeout=120) == 0, command.output()
+    wait_for(lambda: sum(redis.llen(f"seen:{key}") for key in KEYS[:4]) >= 400, timeout=90, what="400 handled")
+    expected = {key: [p["n"] for p in before + after if p["key"] == key] for key in KEYS[:4]}
+    assert_per_key_order(redis, KEYS[:4], expected)
+    wait_for(lambda: alone.output().count("started (") >= 3, timeout=30, what="three starts: 4, 4+6, then 6 partitions")
+    assert alone.proc.poll() is None  # the same process, never restarted
+    assert "ordered:e1.0" in alone.output().split("started (")[-1].splitlines()[0]
