@@ -27,6 +27,7 @@ from shoal_common.text import to_text
 from streams_app import drain, keys, layout, partitions, registry, scheduled
 from streams_app.consuming.groups import ensure_group
 from streams_app.exceptions import StreamsError
+from streams_app.names import validate_stream_name
 
 LOCK_TTL_MS = 15_000
 MOST_PARTITIONS = 1024
@@ -106,7 +107,7 @@ def repartition(stream, n, *, conn=None, say=print, wait=True, clock=time.monoto
     if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= MOST_PARTITIONS:
         raise RepartitionError(f"the partition count must be an integer from 2 to {MOST_PARTITIONS}, not {n!r}. "
                                "To stop partitioning a stream, migrate to a new stream name (docs/cluster.md).")
-    partitions.names(stream)  # a name the stream keys cannot hold is refused before anything is written
+    validate_stream_name(stream)  # braces would break the slot of every key: refused before anything is written
     lock = Lock(conn, stream)
     lock.acquire()
     try:
