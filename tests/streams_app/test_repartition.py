@@ -186,3 +186,16 @@ def test_the_reclaimer_and_the_lag_follow_the_live_layout(invoices, redis, setti
     assert len(before) == 4 and after == set(partitions.names("ordered")) and len(after) == 6
     specs = [spec for spec in select(["ordered:o"])]
     assert {lag.stream for lag in read_lags(get_connection(), specs)} == after
+
+
+def test_a_plain_stream_becomes_partitioned_and_its_ordered_feeder_is_the_plain_stream(redis, monkeypatch):
+    monkeypatch.setattr(layout, "SWITCH_SECONDS", 0.3)
+    publish("receipts", {"n": 0}, key="a")
+    assert partitions.names("receipts") == ["receipts"]
+    sealed = repartition("receipts", 3, say=lambda text: None, wait=False)
+    assert sealed.previous == ["receipts"] and all(sealed.feeders(name) == ["receipts"] for name in sealed.names)
+    entry = publish("receipts", {"n": 1}, key="a")
+    assert redis.xrange(partitions.names("receipts")[zlib.crc32(b"a") % 3], min=entry, max=entry)
+    said = _run("receipts", 3)  # no group reads the plain stream: said, and retired
+    assert any("no group reads receipts" in line for line in said), said
+    assert partitions.reading("receipts") == partitions.names("receipts") and partitions.is_partitioned("receipts")
