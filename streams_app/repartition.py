@@ -126,7 +126,7 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
         if len(live.names) == n:
             say(f"{stream}: already {n} partitions (epoch {live.epoch}); nothing to do")
             return live
-        live = _prepare_and_switch(conn, stream, n, live, say)
+        live = _prepare_and_switch(conn, stream, n, live, say, lock)
     else:
         say(f"{stream}: resuming the change from {len(live.previous)} to {n} partitions (epoch {live.epoch}, {live.state})")
     lock.renew()
@@ -135,10 +135,10 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
     if not wait:
         say(f"{stream}: sealed; run again to drain and retire the previous partitions")
         return live
-    _move_deferred(conn, stream, live, say)
+    _move_deferred(conn, stream, live, say, lock)
     _drain(conn, stream, live, lock, say, clock, sleep)
-    _move_deferred(conn, stream, live, say)  # moved back by a mover of a previous partition meanwhile
-    letters = sum(move_dead_letters(conn, stream, old) for old in live.previous)
+    _move_deferred(conn, stream, live, say, lock)  # moved back by a mover of a previous partition meanwhile
+    letters = sum(move_dead_letters(conn, stream, old, renew=lock.renew) for old in live.previous)
     if letters:
         say(f"{stream}: dead letters: moved {letters} to the partitions their keys route to now (replay puts them there)")
     record = {**live.record, "state": layout.STABLE, "previous": [],
@@ -149,7 +149,7 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
     return layout.Layout(stream, record)
 
 
-def _prepare_and_switch(conn, stream, n, live, say):
+def _prepare_and_switch(conn, stream, n, live, say, lock):
     epoch = live.epoch + 1
     new = partitions.names(stream, n=n, epoch=epoch)
     # The groups of this project's consumers too, on the current partitions at their own start: a group
@@ -159,12 +159,14 @@ def _prepare_and_switch(conn, stream, n, live, say):
     for name in live.names:
         for group, start in declared.items():
             ensure_group(conn, name, group, start)
+        lock.renew()  # many partitions and groups on a slow cluster may take longer than the lock's TTL
     groups = sorted({g for p in live.names for g in drain.groups(conn, p)} | set(declared))
     say(f"{stream}: prepare: {len(live.names)} -> {n} partitions (epoch {epoch}); "
         f"creating {len(groups)} group(s) on the new partitions: {', '.join(groups) or '(none yet)'}")
     for name in new:
         for group in groups:
             ensure_group(conn, name, group, "0")
+        lock.renew()
     record = {"epoch": epoch, "names": new, "state": layout.MIGRATING, "previous": list(live.names),
               "retired": list(live.retired), "started_ms": _redis_ms(conn)}
     _write(conn, stream, record)
@@ -187,15 +189,15 @@ def _seal(conn, stream, live, lock, say, clock, sleep):
     return layout.Layout(stream, record)
 
 
-def _move_deferred(conn, stream, live, say):
+def _move_deferred(conn, stream, live, say, lock):
     moved = 0
     for old in live.previous:
-        moved += move_scheduled(conn, stream, old)
+        moved += move_scheduled(conn, stream, old, renew=lock.renew)
     if moved:
         say(f"{stream}: deferred: moved {moved} waiting message(s) to the partitions their keys route to now")
 
 
-def move_scheduled(conn, stream, old):
+def move_scheduled(conn, stream, old, renew=None, batch=500):
     """Move the deferred messages of partition ``old`` to the new partition of their key; return how many.
 
     Written to the new partition's scheduled set (same scheduled id, same due time) before it is removed
@@ -203,7 +205,18 @@ def move_scheduled(conn, stream, old):
     may have delivered the first copy meanwhile: at least once)."""
     zset, data = keys.scheduled_key(old), keys.scheduled_data_key(old)
     moved = 0
-    for member, score in conn.zrange(zset, 0, -1, withscores=True):
+    while True:
+        page = conn.zrange(zset, 0, batch - 1, withscores=True)  # each one moved is removed: the next page
+        if not page:
+            return moved
+        moved += _move_page(conn, stream, zset, data, page)
+        if renew is not None:
+            renew()
+
+
+def _move_page(conn, stream, zset, data, page):
+    moved = 0
+    for member, score in page:
         member = to_text(member)
         packed = conn.hget(data, member)
         if packed is None:
@@ -218,7 +231,7 @@ def move_scheduled(conn, stream, old):
     return moved
 
 
-def move_dead_letters(conn, stream, old, batch=500):
+def move_dead_letters(conn, stream, old, batch=500, renew=None):
     """Move the dead letters of partition ``old`` to the dead-letter stream of their key's partition now.
 
     So the admin, the dead-letter metric and ``replay`` (which puts a letter back where it lies) find them
@@ -236,6 +249,8 @@ def move_dead_letters(conn, stream, old, batch=500):
             conn.xadd(keys.dead_letter_key(target), fields)
             conn.xdel(source, entry_id)
             moved += 1
+        if renew is not None:
+            renew()
 
 
 def _unpack_key(packed):
