@@ -17,6 +17,7 @@ Every process reads the record at most once per REFRESH_SECONDS per stream (a ca
 follows a change within about a second without a restart; when Redis does not answer, the last
 known layout (else the declared one) stands.
 """
+import contextlib
 import json
 import math
 import threading
@@ -95,6 +96,18 @@ def read(conn, stream):
 
 _cache = {}  # stream -> (monotonic time read, Layout or None)
 _lock = threading.Lock()
+_offline = threading.local()
+
+
+@contextlib.contextmanager
+def offline():
+    """Within: ``current()`` answers from the cache (else None) and opens no connection (a zygote
+    before it forks its workers, streams_app/supervisor/zygote.py)."""
+    _offline.on = True
+    try:
+        yield
+    finally:
+        _offline.on = False
 
 
 def current(stream, conn=None, clock=time.monotonic):
@@ -102,8 +115,10 @@ def current(stream, conn=None, clock=time.monotonic):
     it was never repartitioned or Redis never answered."""
     now = clock()
     cached = _cache.get(stream)
-    if cached is not None and now - cached[0] < REFRESH_SECONDS:
+    if cached is not None and (now - cached[0] < REFRESH_SECONDS or getattr(_offline, "on", False)):
         return cached[1]
+    if getattr(_offline, "on", False):
+        return None
     with _lock:
         cached = _cache.get(stream)
         if cached is not None and now - cached[0] < REFRESH_SECONDS:

@@ -173,3 +173,23 @@ def test_runconsumer_without_a_supervisor_follows_in_the_same_process(ordered4, 
     wait_for(lambda: alone.output().count("started (") >= 3, timeout=30, what="three starts: 4, 4+6, then 6 partitions")
     assert alone.proc.poll() is None  # the same process, never restarted
     assert "ordered:e1.0" in alone.output().split("started (")[-1].splitlines()[0]
+
+
+def test_preloaded_workers_follow_too(ordered4, redis, run_consumer):
+    """--preload forks workers from a zygote that selected the consumers before the change: each worker
+    makes its specs from the live layout, instead of starting on the zygote's and stopping at once."""
+    consumers = run_consumer("ordered:o", "--workers", "2", "--preload", streams=STREAMS)
+    wait_for(lambda: consumers.output().count("started (") >= 2, timeout=90, what="two workers")
+    before, names = keyed(200, KEYS[:4])
+    publish_many("ordered", before, keys=names)
+    command = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
+    assert command.wait(timeout=120) == 0, command.output()
+    layout.forget()
+    after, names = keyed(200, KEYS[:4], first=200)
+    publish_many("ordered", after, keys=names)
+    wait_for(lambda: sum(redis.llen(f"seen:{key}") for key in KEYS[:4]) >= 400, timeout=90, what="400 handled")
+    expected = {key: [p["n"] for p in before + after if p["key"] == key] for key in KEYS[:4]}
+    assert_per_key_order(redis, KEYS[:4], expected)
+    # 2 workers x (start, change, retire): each forked worker started on the live layout, not the zygote's.
+    wait_for(lambda: consumers.output().count("started (") >= 6, timeout=60, what="three starts of each worker")
+    assert "ordered:e1.0" in consumers.output().split("started (")[-1].splitlines()[0]
