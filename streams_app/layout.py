@@ -97,6 +97,7 @@ def read(conn, stream):
 _cache = {}  # stream -> (monotonic time read, Layout or None)
 _lock = threading.Lock()
 _offline = threading.local()
+_down_until = [0.0]  # monotonic time before which no read is tried (Redis failed the last one)
 
 
 @contextlib.contextmanager
@@ -119,6 +120,8 @@ def current(stream, conn=None, clock=time.monotonic):
         return cached[1]
     if getattr(_offline, "on", False):
         return None
+    if now < _down_until[0]:  # Redis failed a moment ago: no new try (for any stream) until then
+        return cached[1] if cached is not None else None
     with _lock:
         cached = _cache.get(stream)
         if cached is not None and now - cached[0] < REFRESH_SECONDS:
@@ -130,10 +133,9 @@ def current(stream, conn=None, clock=time.monotonic):
                 conn = get_connection()
             value = read(conn, stream)
         except Exception:  # noqa: BLE001 - Redis down or not configured: keep what we knew
-            value = cached[1] if cached is not None else None
-            # Try again on the next call after a short pause, not on every publish.
-            _cache[stream] = (now - REFRESH_SECONDS + 0.2, value)
-            return value
+            # Keep what we knew; try again after a pause, not on every publish nor once per stream.
+            _down_until[0] = now + REFRESH_SECONDS
+            return cached[1] if cached is not None else None
         _cache[stream] = (now, value)
         return value
 
@@ -146,6 +148,7 @@ def known():
 def forget(**kwargs):
     """Drop the cached layouts (settings changed; tests flush Redis; repartition wrote a new one)."""
     _cache.clear()
+    _down_until[0] = 0.0
 
 
 setting_changed.connect(forget, weak=False)

@@ -1,6 +1,7 @@
 """manage.py repartition / streams_app.repartition: the live layout, its phases, resuming, the lock, deferred messages."""
 import json
 import threading
+import time
 import zlib
 from datetime import timedelta
 
@@ -199,3 +200,18 @@ def test_a_plain_stream_becomes_partitioned_and_its_ordered_feeder_is_the_plain_
     said = _run("receipts", 3)  # no group reads the plain stream: said, and retired
     assert any("no group reads receipts" in line for line in said), said
     assert partitions.reading("receipts") == partitions.names("receipts") and partitions.is_partitioned("receipts")
+
+
+def test_redis_away_the_last_known_layout_stands(redis_factory, use_redis, settings, monkeypatch):
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"invoices": 4}}
+    monkeypatch.setattr(layout, "SWITCH_SECONDS", 0.3)
+    server = redis_factory()
+    use_redis(server)
+    live = repartition("invoices", 8, say=lambda text: None).names
+    assert partitions.names("invoices") == live
+    server.stop()
+    clock = [layout.REFRESH_SECONDS * 10 + 1e6]  # long after the last read: a refresh is due, and fails
+    started = time.monotonic()
+    assert layout.current("invoices", clock=lambda: clock[0]).names == live
+    assert partitions.names("invoices") == live
+    assert time.monotonic() - started < 2  # one failed try, then none for REFRESH_SECONDS
