@@ -48,6 +48,25 @@ class Producer(threading.Thread):
             self.error = exc
 
 
+def gate_waits(output):
+    """Seconds each new partition's ordered loop waited ("waits for" to "reads now", from the log lines):
+    how long a key's first message after the switch may wait at most."""
+    import datetime
+    import re
+
+    began, waits = {}, {}
+    for line in output.splitlines():
+        found = re.match(r"(\S+ \S+) INFO .*?: (\S+)/o (?:\(epoch \d+\) )?(waits for|reads now)", line)
+        if not found:
+            continue
+        at = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if found[3] == "waits for":
+            began.setdefault(found[2], at)
+        elif found[2] in began:
+            waits[found[2]] = max(waits.get(found[2], 0), at - began[found[2]])
+    return waits
+
+
 def expected():
     return {key: [n for n in range(TOTAL) if KEYS[n % len(KEYS)] == key] for key in KEYS}
 
@@ -95,7 +114,9 @@ def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_co
     landed = [name for name in new if redis.xlen(name) > before[name]]
     assert len(landed) >= 6, landed
     assert "layout of ordered changed" in consumers.output()
-    print(f"repartition 4 -> 8 under load: {took:.1f}s (command start to exit); {len(landed)} of 8 got fresh keys")
+    waits = gate_waits(consumers.output())
+    print(f"repartition 4 -> 8 under load: {took:.1f}s (command start to exit); {len(landed)} of 8 got fresh keys; "
+          f"ordered gates waited {min(waits.values()):.1f}-{max(waits.values()):.1f}s ({len(waits)} partitions)")
 
 
 def test_sigkills_of_a_worker_and_of_the_command_during_the_change(ordered4, redis, run_consumer):
@@ -154,6 +175,9 @@ def test_a_new_partition_waits_for_the_backlog_of_its_feeder(ordered4, redis, ru
     expected = {key: [p["n"] for p in before + after if p["key"] == key] for key in KEYS[:8]}
     assert_per_key_order(redis, KEYS[:8], expected)
     assert "waits for" in consumers.output()
+    waits = gate_waits(consumers.output())
+    print(f"with a backlog of 800 in the previous partitions: gates waited {min(waits.values()):.1f}-"
+          f"{max(waits.values()):.1f}s")
 
 
 def test_runconsumer_without_a_supervisor_follows_in_the_same_process(ordered4, redis, run_consumer):
