@@ -217,3 +217,18 @@ def test_preloaded_workers_follow_too(ordered4, redis, run_consumer):
     # 2 workers x (start, change, retire): each forked worker started on the live layout, not the zygote's.
     wait_for(lambda: consumers.output().count("started (") >= 6, timeout=60, what="three starts of each worker")
     assert "ordered:e1.0" in consumers.output().split("started (")[-1].splitlines()[0]
+
+
+def test_ctrl_c_stops_the_command_in_one_line_and_a_rerun_finishes(ordered4, redis, run_consumer):
+    """SIGINT while the drain waits (no consumer runs): one line, exit 1, the lock released at once."""
+    publish_many("ordered", [{"key": "a", "n": n} for n in range(10)], keys=["a"] * 10)
+    command = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
+    command.wait_for_output("entries left", timeout=60)
+    command.signal(signal.SIGINT)
+    assert command.wait(timeout=30) == 1
+    assert "stopped; nothing is lost" in command.output() and "Traceback" not in command.output()
+    assert not redis.exists("{ordered}:repartition:lock")
+    start(run_consumer, STREAMS)
+    again = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
+    assert again.wait(timeout=120) == 0, again.output()
+    wait_for(lambda: redis.llen("seen:a") >= 10, timeout=60, what="the 10 handled")

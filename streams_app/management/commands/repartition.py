@@ -28,6 +28,9 @@ class Command(ShoalCommand):
             repartition(stream, count, say=say, wait=not no_wait)
         except StreamsError as exc:
             raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            raise CommandError(f"stopped; nothing is lost and the state is in Redis: run manage.py repartition "
+                               f"{stream} {count} again to finish the change.") from None
         except TRANSIENT_ERRORS as exc:
             raise CommandError(f"Redis failed during the repartition ({exc}); nothing is lost: run the command "
                                f"again to finish it.") from None
