@@ -313,7 +313,10 @@ def expand(spec: ConsumerSpec) -> list[ConsumerSpec]:
     names = partitions.reading(spec.stream)
     if len(names) == 1:
         return [spec]
-    return [replace(spec, stream=name, logical_stream=spec.stream, partition=i) for i, name in enumerate(names)]
+    # A partition's index within its own epoch (the previous epoch's come first in ``names``).
+    current = partitions.names(spec.stream)
+    return [replace(spec, stream=name, logical_stream=spec.stream, partition=current.index(name) if name in current else i)
+            for i, name in enumerate(names)]
 
 
 def split_selector(selector: str) -> tuple[str, str]:

@@ -215,3 +215,27 @@ def test_redis_away_the_last_known_layout_stands(redis_factory, use_redis, setti
     assert layout.current("invoices", clock=lambda: clock[0]).names == live
     assert partitions.names("invoices") == live
     assert time.monotonic() - started < 2  # one failed try, then none for REFRESH_SECONDS
+
+
+def test_the_backlog_metrics_follow_the_layout_with_each_partition_indexed_in_its_epoch(redis, settings, monkeypatch):
+    from streams_app.metrics.consumer import BacklogCollector
+
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"ordered": 2}}
+    monkeypatch.setattr(layout, "SWITCH_SECONDS", 0.3)
+    old = partitions.names("ordered")
+    publish_many("ordered", [{"key": "a", "n": n} for n in range(3)], keys=["a"] * 3)  # unread: the drain waits
+    repartition("ordered", 4, say=lambda text: None, wait=False)
+    new = partitions.names("ordered")
+
+    def labelled():
+        [backlog] = [m for m in BacklogCollector().collect() if m.name == "shoal_group_backlog"]
+        return {s.labels["stream"]: s.labels["partition"] for s in backlog.samples
+                if s.labels["logical_stream"] == "ordered" and s.labels["group"] == "o"}
+
+    assert labelled() == {**{name: str(i) for i, name in enumerate(old)}, **{name: str(i) for i, name in enumerate(new)}}
+    conn = get_connection()
+    for name in old:
+        for _, entries in conn.xreadgroup("o", "c", {name: ">"}) or []:
+            conn.xack(name, "o", *[entry_id for entry_id, _ in entries])
+    repartition("ordered", 4, say=lambda text: None)
+    assert labelled() == {name: str(i) for i, name in enumerate(new)}
