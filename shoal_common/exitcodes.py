@@ -8,3 +8,4 @@ EXIT_CRASH = 1  # a read loop died, or a master's workers kept crashing: let the
 EXIT_FORCED = 2  # a second TERM/INT: stopped without waiting for handlers; unacked entries stay pending
 EXIT_CONFIG = 3  # cannot start as configured (bad settings, ImportError, unknown selector): restarting will not help
 EXIT_BURST_UNFINISHED = 4  # runconsumer --burst gave up with work left (--burst-timeout, or Redis unreachable)
+EXIT_REPLACED = 5  # a runconsumer worker asks its supervisor for a fresh process (a task ran past its timeout)

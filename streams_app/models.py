@@ -190,6 +190,21 @@ class TaskResult(models.Model):
         return f"task result {self.pk}"
 
 
+class PeriodicSchedule(models.Model):
+    """No table: the control room's Schedules page (streams_app/admin/schedules.py) shows the periodic tasks of
+    TASKS (streams_app.tasks.periodic) and their last runs from Redis. The model carries its permissions."""
+
+    class Meta:
+        managed = False
+        verbose_name = "schedule"
+        verbose_name_plural = "schedules"  # the periodic tasks: "Schedules" in the admin's index
+        default_permissions = ("view",)
+        permissions = [("run_periodicschedule", "Can run a periodic task now (one extra run)")]
+
+    def __str__(self):
+        return f"schedule {self.pk}"
+
+
 class MirrorState(models.Model):
     """When a mirror was last synced, and the error if the last attempt failed: pages show both."""
 

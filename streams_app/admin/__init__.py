@@ -5,3 +5,4 @@ from streams_app.tasks import api_available  # noqa: E402
 
 if api_available():  # the Tasks page needs Django's Tasks API: Django 6, or on 5.2 the `tasks` extra
     from streams_app.admin import tasks  # noqa: F401  (the Tasks page: Django Tasks' results)
+    from streams_app.admin import schedules  # noqa: F401  (the Schedules page: periodic tasks)

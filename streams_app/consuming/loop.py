@@ -229,7 +229,8 @@ class GroupLoop(TakeOver):
             if entries:
                 self.dispatch(entries)
                 return
-        if self.spec.yields_to and bands.waiting(self.conn, self.spec.yields_to, self.group):
+        watching = self.spec.yields_to and not bands.higher_bands_idle(self)  # then the higher bands may fill up
+        if watching and bands.waiting(self.conn, self.spec.yields_to, self.group):
             self.flush_acks()  # a higher priority band has unread entries: leave the threads to them
             self.collect(timeout=bands.YIELD_SECONDS)
             return
@@ -237,7 +238,7 @@ class GroupLoop(TakeOver):
             block = BUSY_BLOCK_MS
         else:
             block = min(self.block_ms, max(1, int((min(self.next_claim, next_retry) - now) * 1000)))
-            if self.spec.yields_to:  # a read blocked here would not see a higher band filling up
+            if watching:  # a read blocked here would not see a higher band filling up
                 block = min(block, int(bands.YIELD_SECONDS * 1000))
         if self.burst_gate is not None:
             self.read_epoch = self.burst_gate.epoch

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from shoal_common import early_signals, logformat
+from shoal_common import early_signals, logformat, replacement
 from streams_app import broadcast, partitions, registry
 
 from streams_app.consuming import chunks, liveness
@@ -66,9 +66,14 @@ class Worker:
     # Supervision hooks (streams_app.supervisor.worker_main): the class of the handler pool, so a supervised worker
     # can track handler progress, and ``heartbeat(worker)``, called on every pass of ``run()``.
     executor_class = ThreadPoolExecutor
+    # How this process is replaced by a fresh one when a task runs past its time limit
+    # (streams_app/tasks/timelimits.py): a supervised worker exits to its supervisor, runconsumer without
+    # one execs itself; None (a Worker run in-process, e.g. by call_command): it cannot be.
+    replace = None
 
     def __init__(self, specs, *, threads=None, batch=None, block_ms=None, shutdown_timeout=None, name=None,
-                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None):
+                 clock=time.monotonic, heartbeat=None, concurrency=None, burst=False, burst_timeout=None,
+                 scheduler=None):
         config = dict(get_settings())
         if batch is not None:
             config["BATCH_SIZE"] = batch
@@ -96,6 +101,9 @@ class Worker:
         self.mover = Mover(self.streams, config=config, clock=clock, name=self.name,  # deferred messages
                            refused=refusals.refused)
         self.outage = OutageLog()  # its read loops report a Redis outage once, not once each
+        # runconsumer without a supervisor: the periodic tasks' scheduler (streams_app.tasks.periodic), whose
+        # tick() this loop calls once per pass (at most a second apart, whatever the handlers do).
+        self.scheduler = scheduler
         self.burst = burst  # handle what is there, then stop (runconsumer --burst)
         self.burst_timeout = burst_timeout  # seconds; None: no bound
         self.burst_deadline = float("inf")
@@ -120,16 +128,22 @@ class Worker:
                         signal.Signals(stopped.signum).name)
             return EXIT_OK
         self.install_signals()
+        if self.replace is not None:
+            replacement.install(self.replace_process)
         # Every consumer process hears deployment-wide broadcasts (log level, cache invalidation).
         broadcast.start_listener()
         logger.info("Consumer %s: started (%s; %d handler threads%s)", self.name,
                     ", ".join(registry.selectors(self.specs)), self.threads,
                     f", {self.concurrency} concurrent async handlers" if self.event_loop else "")
+        if self.scheduler is not None:
+            logger.info("Consumer %s: schedules %s", self.name, self.scheduler.describe())
         while self.alive():
             if self.heartbeat is not None:
                 self.heartbeat(self)
             self.renew_liveness()
             self.move_scheduled()
+            if self.scheduler is not None and not self.shutdown.is_set():
+                self.scheduler.tick()
             try:
                 waiting = 0.1 if self.shutdown.is_set() or self.burst else self.mover.wait()
                 signum = self.signals.get(timeout=waiting)
@@ -283,6 +297,20 @@ class Worker:
         one script call per node, when a stream's time has come). Not once stopping: others move them."""
         if not self.shutdown.is_set():
             self.mover.tick()
+
+    def replace_process(self, reason):
+        """Replace this process (shoal_common.replacement): its deadline marked lapsed first, so its pending
+        entries are taken over at once (by its replacement too) instead of after PENDING_TIMEOUT_MS."""
+        logger.error("Consumer %s: %s; replacing this process (its other in-flight entries are delivered again)",
+                     self.name, reason)
+        self.liveness_due = float("inf")  # the main loop must not renew what is marked lapsed here
+        try:
+            liveness.beat(get_connection(), self.streams, self.name, 0)
+        except (*TRANSIENT_ERRORS, redis.ResponseError):
+            pass  # they are taken over after the pending timeout instead
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.replace()
 
     def forget_liveness(self):
         # A clean exit is not a death: drop the deadline so nobody takes over what stays pending

@@ -9,6 +9,10 @@
 -- message and the rest scheduled. A member without data (its hash field deleted by hand) is dropped.
 -- Returns {moved, ms until the next one is due (-1: none left; 0: due now), refusal or '', dropped}.
 local stream, scheduled, data = KEYS[1], KEYS[2], KEYS[3]
+-- Nothing scheduled, the usual case of an idle stream polled every SCHEDULED_POLL_INTERVAL: one command.
+if redis.call('ZCARD', scheduled) == 0 then
+  return {0, -1, '', 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local most_bytes = tonumber(ARGV[2])

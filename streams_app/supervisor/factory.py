@@ -11,6 +11,7 @@ from streams_app.lag import read_lags
 from streams_app.metrics.supervisor import PoolMetrics
 from streams_app.supervisor.spawn import ExecSpawner
 from streams_app.supervisor.master import Supervisor
+from streams_app.tasks.periodic.scheduler import for_specs
 
 
 def _pick(options, name, config, key):
@@ -65,4 +66,5 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         crash_window=config["CRASH_WINDOW"],
         metrics=metrics,
         label=" ".join(selectors) or "all consumers",
+        scheduler=for_specs(specs),
     )

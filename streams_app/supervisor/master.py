@@ -2,8 +2,8 @@
 
 The master never consumes. Signal handlers only put the signal on a queue; ``run()`` is a short
 loop around ``tick(now)``, which dispatches queued signals to ``handle_<name>()``, reaps exited
-workers, kills those whose heartbeat went stale, follows the backlog, steps a rolling restart
-and brings the worker count to the desired one. Tests drive ``tick()`` with an injected ``now``.
+workers, kills those whose heartbeat went stale, follows the backlog, steps a rolling restart,
+brings the worker count to the desired one and enqueues the due periodic tasks (``scheduler``). Tests drive ``tick()`` with an injected ``now``.
 
 Workers are started by a spawner (``streams_app.supervisor.spawn``): fresh interpreters, so a HUP loads new
 handler code; with --preload, forks of a zygote (``streams_app.supervisor.preload``), whose HUP starts a
@@ -20,7 +20,7 @@ from collections import deque
 from setproctitle import setproctitle
 
 from shoal_common import early_signals, logformat
-from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK
+from shoal_common.exitcodes import EXIT_CRASH, EXIT_FORCED, EXIT_OK, EXIT_REPLACED
 from streams_app.supervisor.worker_main import EXIT_BOOT_ERROR
 
 logger = logging.getLogger("streams_app.supervisor")
@@ -80,7 +80,7 @@ class Supervisor:
     def __init__(self, spawner, *, workers=1, autoscaler=None, lag_reader=None, lag_interval=None,
                  shutdown_timeout=30.0, heartbeat_timeout=60.0, restart_delay=1.0, crash_limit=10,
                  crash_window=600.0, metrics=None, label="", clock=time.monotonic, set_title=setproctitle,
-                 reap_orphans=None):
+                 reap_orphans=None, scheduler=None):
         self.spawner = spawner
         self.autoscaler = autoscaler
         self.desired = autoscaler.minimum if autoscaler else workers
@@ -94,6 +94,10 @@ class Supervisor:
         self.crash_limit = crash_limit
         self.crash_window = crash_window
         self.metrics = metrics
+        # The periodic tasks of the queues this pool runs (streams_app.tasks.periodic): enqueued from this
+        # loop, about once a second, however busy the workers are. It keeps its own wall clock (ticks are
+        # wall times) and never raises for Redis or a task that cannot be enqueued.
+        self.scheduler = scheduler
         self.label = label
         # Heartbeats carry this clock's readings too (CLOCK_MONOTONIC is one clock for every process
         # of the host): a wall-clock step (NTP, VM resume) neither kills healthy workers as stuck nor
@@ -129,6 +133,8 @@ class Supervisor:
         logformat.set_context(selector=self.label or None)
         self.install_signals()
         logger.info("Supervisor: started (%s); %s", self.label or "all consumers", self.describe_target())
+        if self.scheduler is not None:
+            logger.info("Supervisor: schedules %s", self.scheduler.describe())
         try:
             while not self.done:
                 self.tick()
@@ -149,6 +155,7 @@ class Supervisor:
                 self.follow_backlog(now)
                 self.roll(now)
                 self.manage_workers(now)
+                self.schedule_periodic()
         except HaltServer as halt:
             logger.error("Supervisor: %s", halt.reason)
             self.begin_stop(now, halt.exit_code)
@@ -348,6 +355,12 @@ class Supervisor:
         if code == 0 and worker.kill_reason is None:
             logger.warning("Supervisor: worker %s exited on its own (%s); replacing it", worker, how)
             return
+        if code == EXIT_REPLACED and worker.kill_reason is None:
+            # A task ran past its timeout (streams_app/tasks/timelimits.py): the worker asked for a fresh
+            # process. Not a crash: a timeout is the task's failure, recorded on its result.
+            logger.warning("Supervisor: worker %s asked to be replaced (a task ran past its timeout); replacing it",
+                           worker)
+            return
         delay = self.record_crash(now)
         logger.warning("Supervisor: worker %s crashed (%s%s); replacing it in %.1fs", worker, how,
                        f", {worker.kill_reason}" if worker.kill_reason else "", delay)
@@ -432,6 +445,10 @@ class Supervisor:
             worker.kill_at = min(worker.kill_at or now + FORCED_STOP_GRACE, now + FORCED_STOP_GRACE)
 
     # -- backlog and reporting --------------------------------------------------------------
+
+    def schedule_periodic(self):
+        if self.scheduler is not None:
+            self.scheduler.tick()
 
     def follow_backlog(self, now):
         if self.lag_reader is None or now < self.next_lag_at:

@@ -19,7 +19,7 @@ import traceback
 
 from setproctitle import setproctitle
 
-from shoal_common.exitcodes import EXIT_CONFIG
+from shoal_common.exitcodes import EXIT_CONFIG, EXIT_REPLACED
 from streams_app.supervisor.heartbeat import Beater, ProgressExecutor
 
 EXIT_BOOT_ERROR = EXIT_CONFIG  # the master stops instead of respawning a worker that cannot boot
@@ -67,6 +67,9 @@ def make_worker(args, specs, heartbeat_fd):
 
     class SupervisedWorker(Worker):
         executor_class = ProgressExecutor
+
+        def replace(self):
+            os._exit(EXIT_REPLACED)  # the supervisor starts a fresh worker at once (master.on_exit)
 
         def stop(self, graceful=True):
             if not self.shutdown.is_set():

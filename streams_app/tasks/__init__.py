@@ -31,7 +31,7 @@ def __getattr__(name):
         from streams_app.tasks.cancelling import cancel
 
         return cancel
-    if name in ("TaskCancelled", "ReturnValueNotJSON", "EnqueueManyError"):
+    if name in ("TaskCancelled", "TaskTimeout", "ReturnValueNotJSON", "EnqueueManyError"):
         from streams_app.tasks import exceptions
 
         return getattr(exceptions, name)

@@ -55,7 +55,7 @@ class StreamsBackend(BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
-    # Django's @task(...) passes the arguments it does not know to task_class: max_attempts, backoff, retry_on.
+    # Django's @task(...) passes the arguments it does not know to task_class: max_attempts, backoff, retry_on, timeout.
     task_class = retries.ShoalTask
 
     def __init__(self, alias, params):

@@ -1,4 +1,5 @@
-"""System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063)."""
+"""System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063; their
+periodic tasks E064-E068, streams_app/tasks/periodic/entries.py)."""
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
@@ -44,7 +45,21 @@ def check_tasks_settings(app_configs=None, **kwargs):
                                     f"both would be the stream {messages.stream_name(queue)!r}.",
                                     hint="Give each backend its own queue names.", id="streams_app.E063"))
             owners.setdefault(queue, alias)
+        errors += _periodic_errors(alias, params)
     return errors
+
+
+def _periodic_errors(alias, params):
+    table = (params.get("OPTIONS") or {}).get("PERIODIC") if isinstance(params.get("OPTIONS"), dict) else None
+    if table is None:
+        return []
+    if not isinstance(table, dict):
+        return [Error(f"TASKS[{alias!r}]['OPTIONS']['PERIODIC'] must be a dict of names to periodic tasks, not "
+                      f"{type(table).__name__}.", hint="See docs/tasks.md, \"Periodic tasks\".", id="streams_app.E064")]
+    from streams_app.tasks.periodic.entries import problems  # imports Django's Tasks API: only when used
+
+    return [Error(message, hint=hint, id=f"streams_app.{check}")
+            for name, spec in table.items() for check, message, hint in problems(alias, params, name, spec)]
 
 
 def _bad_queue(queue):

@@ -18,3 +18,9 @@ class ReturnValueNotJSON(TypeError):
 
 class TaskCancelled(Exception):
     """The error of a result that ``streams_app.tasks.cancel`` cancelled before it started: its task never ran."""
+
+
+class TaskTimeout(TimeoutError):
+    """The error of an attempt that ran past its ``timeout`` (``@task(timeout=)``, OPTIONS["TIMEOUT"]): FAILED,
+    or retried when the task's ``retry_on`` covers it (the default, every Exception, does). A sync task's
+    worker process is replaced to stop it (docs/tasks.md, "Time limits"); an async task is cancelled."""

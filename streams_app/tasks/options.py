@@ -17,12 +17,18 @@ DEFAULTS = {
     # Seconds before a retry, or a callable from the attempt number to seconds (a task's own backoff= wins).
     # None: streams_app.tasks.exponential(): 1, 2, 4 ... seconds with full jitter, at most 300.
     "BACKOFF": None,
+    # Seconds one attempt may run (a task's own @task(timeout=) wins); past it the attempt ends with TaskTimeout
+    # and a sync task's worker process is replaced (docs/tasks.md "Time limits"). None: no limit.
+    "TIMEOUT": None,
     # Deprecated (system check streams_app.W060): MAX_ATTEMPTS = MAX_RETRIES + 1 means the same.
     "MAX_RETRIES": 0,
     # The queues' consumers' idempotency guard: None, "redis" or "db" (docs/tasks.md "At least once").
     # "db" runs each task in a transaction with a ProcessedMessage row keyed by the result id, so a
     # task whose effects are writes to that database has them once, however often it is delivered.
     "IDEMPOTENT": None,
+    # Periodic tasks (Celery's beat): {name: {"task": path, "cron": "..." or "every": seconds, ...}}, enqueued by
+    # every runconsumer that runs their queue, each tick once (docs/tasks.md "Periodic tasks"; checks E064-E068).
+    "PERIODIC": None,
 }
 
 
@@ -60,6 +66,10 @@ def problems(options):
         problem = backoff_problem(options["BACKOFF"])
         if problem:
             found.append(problem.replace("backoff", "BACKOFF", 1))
+    if options.get("TIMEOUT") is not None:
+        problem = timeout_problem(options["TIMEOUT"])
+        if problem:
+            found.append(problem.replace("timeout", "TIMEOUT", 1))
     if options.get("IDEMPOTENT") not in (None, "redis", "db"):
         found.append(f"IDEMPOTENT must be None, 'redis' or 'db', not {options['IDEMPOTENT']!r}")
     if not isinstance(options.get("OUTBOX", False), bool):
@@ -88,6 +98,13 @@ def backoff_problem(value):
         return None
     return (f"backoff must be seconds (a number, 0 or more) or a callable from the attempt number to seconds, "
             f"not {value!r}")
+
+
+def timeout_problem(value):
+    """What is wrong with ``timeout``/TIMEOUT ``value``, or None."""
+    if seconds(value) and value > 0:
+        return None
+    return f"timeout is the seconds one attempt may run, more than 0 (None: no limit), not {value!r}"
 
 
 def seconds(value):

@@ -4,7 +4,8 @@ The public functions (stable: the admin and the metrics read results through the
 
 - ``key(result_id)``: the hash's key, ``shoal:task:{<id>}`` (the id is the cluster hash tag).
 - ``valid_id(result_id)``: whether ``result_id`` has the shape of an id this backend makes.
-- ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below).
+- ``create(conn, record, ttl, pipeline=None)``: write a READY result (``record``: the fields below);
+  ``encoded(record)``: the hash fields it writes.
 - ``discard(conn, result_id, queue)``: remove it again, and its id from the queue's index.
 - ``started(conn, result_id, worker_id, ttl)``: RUNNING, one more attempt by ``worker_id``; returns the
   record, or None (nothing written) when the result does not exist.
@@ -72,16 +73,8 @@ def create(conn, record, ttl, pipeline=None):
     """Write the READY result of ``record`` (a dict: id, task, backend, queue, priority,
     takes_context, args, kwargs, enqueued_at, run_after) and index it under its queue."""
     pipe = pipeline if pipeline is not None else conn.pipeline(transaction=False)
-    fields = {"status": "READY", "attempts": 0, "errors": 0}
-    for name, value in record.items():
-        if name in _TIMES:
-            fields[name] = value.isoformat() if value is not None else ""
-        elif name in _JSON:
-            fields[name] = json.dumps(value)
-        else:
-            fields[name] = json.dumps(value) if isinstance(value, bool) else str(value)
     result_key = key(record["id"])
-    pipe.hset(result_key, mapping=fields)
+    pipe.hset(result_key, mapping=encoded(record))
     pipe.expire(result_key, ttl)
     now = time.time()
     index = index_key(record["queue"])
@@ -94,6 +87,20 @@ def create(conn, record, ttl, pipeline=None):
         pipe.expire(index, ttl)
     if pipeline is None:
         pipe.execute()
+
+
+def encoded(record):
+    """The hash fields of the READY result of ``record`` (as ``create`` writes them; the periodic
+    scheduler writes them inside its claim script)."""
+    fields = {"status": "READY", "attempts": 0, "errors": 0}
+    for name, value in record.items():
+        if name in _TIMES:
+            fields[name] = value.isoformat() if value is not None else ""
+        elif name in _JSON:
+            fields[name] = json.dumps(value)
+        else:
+            fields[name] = json.dumps(value) if isinstance(value, bool) else str(value)
+    return fields
 
 
 def discard(conn, result_id, queue):

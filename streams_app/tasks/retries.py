@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams_app.tasks.api import InvalidTask, Task
-from streams_app.tasks.options import attempts_problem, backoff_problem, seconds as _seconds
+from streams_app.tasks.options import attempts_problem, backoff_problem, seconds as _seconds, timeout_problem
 
 # OPTIONS["BACKOFF"]'s default, and what exponential() gives with no arguments: 1, 2, 4 ... seconds, at most 5 min.
 DEFAULT_BASE, DEFAULT_CAP = 1.0, 300.0
@@ -52,6 +52,10 @@ def exponential(base=DEFAULT_BASE, cap=DEFAULT_CAP, jitter=True):
     return backoff
 
 
+SHOAL_ARGUMENTS = ("max_attempts", "backoff", "retry_on", "timeout")
+"""What ShoalTask adds to Django's Task."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShoalTask(Task):
     max_attempts: int | None = None
@@ -64,9 +68,12 @@ class ShoalTask(Task):
     retry_on: Any = None
     """The exception classes that are retried (a class or a tuple); None: every Exception."""
 
+    timeout: Any = None
+    """Seconds one attempt may run, more than 0 (streams_app/tasks/timelimits.py); None: OPTIONS["TIMEOUT"]."""
+
     def __post_init__(self):
         Task.__post_init__(self)  # the backend's validate_task (no zero-argument super() in a slots dataclass)
-        given = [name for name in ("max_attempts", "backoff", "retry_on") if getattr(self, name) is not None]
+        given = [name for name in SHOAL_ARGUMENTS if getattr(self, name) is not None]
         backend = self.get_backend()
         if given and not issubclass(getattr(backend, "task_class", Task), ShoalTask):
             # .using(backend="other") onto a backend that would ignore them: said, not dropped.
@@ -79,7 +86,8 @@ def validate(task):
     if not isinstance(task, ShoalTask):
         return
     problem = (attempts_problem(task.max_attempts) if task.max_attempts is not None else None) or (
-        backoff_problem(task.backoff) if task.backoff is not None else None)
+        backoff_problem(task.backoff) if task.backoff is not None else None) or (
+        timeout_problem(task.timeout) if task.timeout is not None else None)
     if problem is None and task.retry_on is not None:
         classes = task.retry_on if isinstance(task.retry_on, tuple) else (task.retry_on,)
         if not classes or not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
@@ -96,6 +104,12 @@ def policy(task, config):
         backoff = config["BACKOFF"]
     retry_on = getattr(task, "retry_on", None) or (Exception,)
     return attempts, backoff, retry_on if isinstance(retry_on, tuple) else (retry_on,)
+
+
+def timeout(task, config):
+    """Seconds one attempt of ``task`` may run under its backend's ``config``, or None: no limit."""
+    seconds = getattr(task, "timeout", None)
+    return config["TIMEOUT"] if seconds is None else seconds
 
 
 def delay(backoff, attempt, exc):

@@ -32,7 +32,7 @@ from streams_app import tracing
 from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import publish
-from streams_app.tasks import counting, messages, refusals, results, retries
+from streams_app.tasks import counting, messages, refusals, results, retries, timelimits
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.exceptions import ReturnValueNotJSON
 from streams_app.tasks.lookup import find_task
@@ -271,14 +271,21 @@ def run_message(alias, message, handler=None):
             handler.lose(previous, exc)  # its entry is not to be acked: its task runs again
         raise
     func = attempt.task.func
+    watch = _watch(attempt)
     began = time.perf_counter()
     try:
         # An async task here was enqueued before its function became async: run it all the same.
         value = async_to_sync(func)(*args, **kwargs) if iscoroutinefunction(func) else func(*args, **kwargs)
+        if timelimits.ended_elsewhere(watch):  # past its timeout: the watchdog wrote its end, and settled the entry
+            return
         attempt.succeeded(value, defer=defer)
     except RejectMessage:
+        if timelimits.ended_elsewhere(watch):
+            return
         raise
     except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
+        if timelimits.ended_elsewhere(watch):
+            return
         outcome = attempt.failed(exc)
         if outcome is None:  # retried as a deferred message: this entry is done
             return
@@ -385,16 +392,23 @@ class QueueHandler:
         """Run the task of an attempt begin_chunk started; its success is written by end_chunk."""
         data, func = attempt.data, attempt.task.func
         tracing.task_run(data["task"], str(data["id"]))  # begun by begin_chunk, outside this message's span
+        watch = _watch(attempt)
         started, began = _now_iso(), time.perf_counter()
         try:
             if iscoroutinefunction(func):  # enqueued before its function became async
                 value = async_to_sync(func)(*data["args"], **data["kwargs"])
             else:
                 value = func(*data["args"], **data["kwargs"])
+            if timelimits.ended_elsewhere(watch):  # past its timeout: the watchdog wrote its end
+                return
             value = encode_return(value)
         except RejectMessage:
+            if timelimits.ended_elsewhere(watch):
+                return
             raise
         except BaseException as exc:  # noqa: BLE001 -- the consumer's rule: every exception is the task's failure
+            if timelimits.ended_elsewhere(watch):
+                return
             outcome = attempt.failed(exc)
             if outcome is None:  # retried as a deferred message: this entry is done
                 return
@@ -467,6 +481,12 @@ def _now_iso():
     return timezone.now().isoformat()
 
 
+def _watch(attempt):
+    """The time limit's watch over ``attempt`` (its task about to run in this thread), or None: no limit."""
+    seconds = retries.timeout(attempt.task, attempt.config)
+    return timelimits.watch(attempt, seconds) if seconds else None
+
+
 async def run_message_async(alias, message):
     """The handler of a queue's async consumer (``tasks:Q:async``, on the worker's event loop): the
     Redis writes and signals in a thread, the task awaited on the loop."""
@@ -483,17 +503,22 @@ async def run_message_async(alias, message):
             raise failure.exc from None
         raise outcome from failure.exc
     func = attempt.task.func
+    seconds = retries.timeout(attempt.task, attempt.config)
+    limit = asyncio.timeout(seconds)  # None: no limit
     try:
-        value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)
+        async with limit:  # past it the task is cancelled, and the block raises TimeoutError
+            value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)
         await asyncio.to_thread(attempt.succeeded, value)
     except asyncio.CancelledError:
         raise  # the worker's shutdown (or the task's own cancel): the consumer decides, the entry stays pending
     except RejectMessage:
         raise
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as raised:  # noqa: BLE001
+        # limit.expired(): the TimeoutError is ours, not one of the task's own (a socket's, say).
+        exc = timelimits.timeout_error(attempt, seconds) if limit.expired() else raised
         outcome = await asyncio.to_thread(attempt.failed, exc)
         if outcome is None:  # retried as a deferred message: this entry is done
             return
         if outcome is exc:
-            raise
+            raise exc from (raised if exc is not raised else None)
         raise outcome from exc

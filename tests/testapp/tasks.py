@@ -163,3 +163,42 @@ def backoff_raises():
 @shoal_task(max_attempts=3, backoff=lambda attempt: -1)
 def backoff_negative():
     raise ConnectionError("the attempt's own error")
+
+
+@shoal_task(timeout=2)
+def overruns(path, seconds):
+    """Notes its start in ``path``, then sleeps ``seconds``: past its 2 s timeout when that is more."""
+    with open(path, "a") as out:
+        out.write("started\n")
+    time.sleep(seconds)
+    with open(path, "a") as out:
+        out.write("finished\n")  # never written past the timeout: the worker process is replaced
+    return "late"
+
+
+@shoal_task(timeout=2)
+async def async_overruns(path, seconds):
+    with open(path, "a") as out:
+        out.write("started\n")
+    await asyncio.sleep(seconds)
+    with open(path, "a") as out:
+        out.write("finished\n")
+    return "late"
+
+
+@shoal_task(timeout=1, max_attempts=2, backoff=0)
+def overruns_then_succeeds(path):
+    """Past its 1 s timeout in its first run; its retry (TaskTimeout is an Exception: retried) returns at once."""
+    if _runs(path) == 1:
+        time.sleep(30)
+    return "second time"
+
+
+@shoal_task(timeout=0.5)
+def raises_its_own_timeout():
+    raise TimeoutError("the task's own socket timeout")
+
+
+@shoal_task(timeout=0.5)
+async def async_raises_its_own_timeout():
+    raise TimeoutError("the task's own socket timeout")

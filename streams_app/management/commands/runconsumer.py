@@ -12,6 +12,7 @@ from streams_app.checks import settings_errors
 from streams_app.registry import select
 from streams_app.consuming.burst import BurstGaveUp
 from streams_app.consuming.worker import EXIT_BURST_UNFINISHED, EXIT_CONFIG, EXIT_OK, Worker
+from streams_app.tasks.periodic.scheduler import for_specs
 
 
 _POOL_ONLY = ("heartbeat_interval", "heartbeat_timeout")
@@ -154,10 +155,14 @@ class Command(DaemonCommand):
                 start_metrics_server(options["metrics_port"], options["metrics_addr"])
             except OSError as exc:
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
+        scheduler = None if options["burst"] else for_specs(specs)  # one, kept across a repartition's restarts
         while True:
             worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
                             shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
-                            burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT)
+                            burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT,
+                            scheduler=scheduler)
+            if sys.argv[1:2] == ["runconsumer"]:  # this process is the command's own, not a call_command in a test
+                worker.replace = _exec_again
             try:
                 code = worker.run()
             except BurstGaveUp as exc:
@@ -189,3 +194,9 @@ class Command(DaemonCommand):
         code = supervisor.run()
         if code:
             raise CommandError(f"the supervisor stopped with exit {code}; see the log above.", returncode=code)
+
+
+def _exec_again():
+    """A task ran past its timeout (streams_app/tasks/timelimits.py): this process is replaced by the same
+    command started afresh, in place (the same pid for systemd or a container runtime)."""
+    os.execv(sys.executable, sys.orig_argv)
