@@ -11,6 +11,7 @@ makes a new worker in the same process.
 A consumer started on one partition of a stream (``runconsumer orders:0.1:email``) keeps that partition.
 """
 import logging
+from dataclasses import replace
 
 from streams_app import layout, partitions, registry
 
@@ -40,8 +41,9 @@ def respecify(specs):
         if pair in done:
             continue
         done.add(pair)
-        declared = registry.declared(*pair)
-        out.extend(registry.expand(declared[0]) if declared else followed[pair])
+        # Expanded from the spec given (its handler and options), only its partitions made anew.
+        whole = replace(followed[pair][0], stream=pair[0], logical_stream=None, partition=None)
+        out.extend(registry.expand(whole))
     return out
 
 
