@@ -137,7 +137,7 @@ def _run(conn, stream, n, lock, say, wait, clock, sleep):
         return live
     _move_deferred(conn, stream, live, say, lock)
     _drain(conn, stream, live, lock, say, clock, sleep)
-    _move_deferred(conn, stream, live, say, lock)  # moved back by a mover of a previous partition meanwhile
+    _move_deferred(conn, stream, live, say, lock)  # scheduled there during the drain by a publisher late to switch
     letters = sum(move_dead_letters(conn, stream, old, renew=lock.renew) for old in live.previous)
     if letters:
         say(f"{stream}: dead letters: moved {letters} to the partitions their keys route to now (replay puts them there)")
