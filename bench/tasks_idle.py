@@ -12,7 +12,7 @@ import json
 import subprocess
 import time
 
-from common import cpu_seconds, manage, positive, start_redis
+from common import at_least, cpu_seconds, manage, positive, start_redis
 
 
 def commands(client):
@@ -23,7 +23,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queues", type=positive, default=4)
     parser.add_argument("--seconds", type=positive, default=10)
-    parser.add_argument("--workers", type=int, default=0, help="0: one consumer in the runconsumer process")
+    parser.add_argument("--workers", type=at_least(0), default=0, help="0: one consumer in the runconsumer process")
     args = parser.parse_args()
     server = start_redis()
     client = server.client()

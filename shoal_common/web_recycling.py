@@ -1,18 +1,17 @@
 """Whether the gunicorn workers may be recycled now: held while the code on disk is known not to load.
 
 gunicorn recycles a worker after ``max_requests`` (leaks in third-party code) by letting it exit and
-forking a new one, which imports the code now on disk. After a HUP whose code cannot load (the
-rollout is aborted and the old workers keep serving), every recycling replaced a working worker with
-one that could not boot: the site stopped after a few times ``max_requests``. So from a HUP until its
-rollout completes, and from the moment a worker fails to load the app until one loads it (a rollout
-succeeds, or the code on disk is fixed), the master *holds* recycling: a worker past its ``max_requests`` keeps serving with the old code,
-logs a WARNING once, and the hold shows in the log, in ``/metrics`` (``shoal_web_recycling_held``) and
-in ``/readyz`` (``web_rollout``).
+forking a new one, which imports the code now on disk. When that code cannot load (a rollout aborted, or
+a deploy written whose HUP is not sent yet), every recycling replaced a working worker with one that could
+not boot, and the site stopped. Here the master recycles (shoal_common/web_rollout.py): a worker past its
+``max_requests`` serves on until its replacement is ready. From a HUP until its rollout completes, and
+from the moment a worker fails to load the app until one loads it (a rollout succeeds, or the code on
+disk is fixed), the master *holds* recycling: the workers past ``max_requests`` keep serving with the
+code they loaded (a replacement is tried again after a back-off, 1 s doubling to 30 s), and the hold
+shows in the log, in ``/metrics`` (``shoal_web_recycling_held``) and in ``/readyz`` (``web_rollout``).
 
 The master writes the state to a small JSON file (``SHOAL_WEB_ROLLOUT_STATUS``, beside the
-registration's), which the workers read: they are forked before the hold begins, so it cannot be
-handed to them at fork time. A worker reads it only once it is past ``max_requests``, and at most
-once a second.
+registration's), which the workers read for ``/readyz`` and ``/metrics``.
 
 No Django here: gunicorn's master imports this module.
 """
@@ -24,10 +23,6 @@ import time
 STATUS_ENV = "SHOAL_WEB_ROLLOUT_STATUS"
 """Environment variable naming the JSON file where the master says whether recycling is held
 (workers and /readyz inherit the variable from the master)."""
-
-RECHECK = 1.0
-"""Seconds a worker past ``max_requests`` trusts what it last read of the state."""
-
 
 def status_path(environ=os.environ):
     return environ.get(STATUS_ENV) or None
@@ -70,7 +65,7 @@ class Hold:
         self.reason = reason
         if warn:
             self.log.warning("RECYCLING HELD: %s. Workers past max_requests keep serving with the code they "
-                             "loaded until a worker loads the code on disk (a HUP with fixed code).", reason)
+                             "loaded until a worker loads the code on disk (fix it and send HUP).", reason)
         else:
             self.log.info("Recycling held: %s.", reason)
         self.write()
@@ -103,21 +98,3 @@ class Hold:
                     os.unlink(tmp)
                 except OSError:
                     pass
-
-
-class WorkerView:
-    """A worker's side: is recycling held now? Read from the master's file, at most every RECHECK s."""
-
-    def __init__(self, path=None, clock=time.monotonic):
-        self.path = path if path is not None else status_path()
-        self.clock = clock
-        self._held = False
-        self._read_at = None
-
-    def held(self):
-        now = self.clock()
-        if self._read_at is None or now - self._read_at >= RECHECK:
-            state = read_state(self.path) if self.path else None
-            self._held = bool(state) and state.get("recycling") == "held"
-            self._read_at = now
-        return self._held

@@ -129,14 +129,21 @@ class RegistrationSupervisor:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()  # reaped: no zombie, no ResourceWarning at the master's exit
         self._write_status("stopped")
 
     def close_in_child(self):
         """In a forked worker: drop the inherited pipe, or the registration process would not see
-        the master die."""
+        the master die, and the worker's copy of the Popen, which is not its child: at the worker's exit
+        its ``__del__`` warned ``ResourceWarning: subprocess N is still running`` (each worker, each exit)."""
         process = self.process
-        if process is not None and not process.stdin.closed:
+        if process is None:
+            return
+        if not process.stdin.closed:
             process.stdin.close()
+        # waitpid() in this process: ECHILD (the master's child, not ours), and Popen then counts it as done
+        # (returncode 0) in this copy only; nothing is reaped, the master's copy is untouched.
+        process.poll()
 
     def handle_death(self, now):
         if now - self._spawned_at > self.backoff_max:

@@ -1,5 +1,6 @@
-"""gunicorn's gthread worker, which stops listening the moment it starts to drain, and is not recycled
-while the code on disk cannot load (shoal_common/web_recycling.py).
+"""gunicorn's gthread worker, which stops listening the moment it starts to drain, and which the master
+recycles (shoal_common/web_rollout.py): past its ``max_requests`` it asks the master for a replacement
+and serves on until the master stops it, instead of exiting by itself.
 
 A stopping gthread worker unregisters its listening sockets from its poller but closes them only when it
 exits: after its requests in flight, and after up to 2 s for its kept-alive connections
@@ -19,39 +20,39 @@ import sys
 
 from gunicorn.workers.gthread import ThreadWorker as GThreadWorker
 
-from shoal_common import web_recycling
+from shoal_common import web_rollout
 
 
 class ThreadWorker(GThreadWorker):
     def init_process(self):
-        # gunicorn recycles once ``nr`` reaches ``max_requests``; keep the limit it drew (with jitter) and
-        # move ``max_requests`` out of reach while the master holds recycling.
+        # gunicorn recycles once ``nr`` reaches ``max_requests``: keep the limit it drew (with jitter), and once
+        # it is reached hand the decision to the master, which stops this worker when a replacement is ready.
+        # Exiting first (gunicorn's way) left nothing serving when the replacement could not load the code on disk.
         self.recycle_at = self.max_requests
-        self.recycling = web_recycling.WorkerView()
-        self.recycle_deferred = False
+        self.recycle_asked = False
         super().init_process()
 
     def handle_request(self, req, conn):
-        if self.nr + 1 >= self.recycle_at:
-            self.defer_recycling_while_held()
+        if not self.recycle_asked and self.nr + 1 >= self.recycle_at:
+            self.ask_recycling()
         return super().handle_request(req, conn)
 
     def handle_http2_request(self, req, conn, h2_conn):
-        if self.nr + 1 >= self.recycle_at:
-            self.defer_recycling_while_held()
+        if not self.recycle_asked and self.nr + 1 >= self.recycle_at:
+            self.ask_recycling()
         return super().handle_http2_request(req, conn, h2_conn)
 
-    def defer_recycling_while_held(self):
-        if self.recycling.held():
-            if not self.recycle_deferred:
-                self.recycle_deferred = True
-                self.log.warning("Worker (pid:%s) reached max_requests (%s) while the master holds recycling (a "
-                                 "rollout under way or aborted): it keeps serving with the code it loaded.", self.pid,
-                                 self.recycle_at)
-            self.max_requests = sys.maxsize
+    def ask_recycling(self):
+        # Out of reach first, then asked: another thread's request, past this check a moment later, compares
+        # nr with max_requests in gunicorn's code; set after the write and the log line, it found the old
+        # limit and the worker exited by itself ("Autorestarting worker"), as if nothing had been asked.
+        self.max_requests = sys.maxsize  # gunicorn's own `nr >= max_requests` never comes true
+        self.recycle_asked = True
+        if web_rollout.ask_recycling():
+            self.log.info("Worker (pid:%s) reached max_requests (%s): it serves until the master has its "
+                          "replacement ready.", self.pid, self.recycle_at)
         else:
-            self.max_requests = self.recycle_at
-            self.recycle_deferred = False
+            self.max_requests = self.recycle_at  # not under Shoal's master: gunicorn's own recycling
 
     def set_accept_enabled(self, enabled):
         super().set_accept_enabled(enabled)

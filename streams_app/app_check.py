@@ -15,8 +15,12 @@ import threading
 import traceback
 
 INTERNAL_PATH = "/healthz"
-"""What the internal request asks for: answered by streams_app's view or HealthCheckMiddleware, with no I/O."""
-MARKER = "HTTP_X_SHOAL_APP_CHECK"
+"""What the internal request asks for: streams_app's view (no I/O), or a 404 where the URLconf has no such path.
+HealthCheckMiddleware lets this request through to the URLconf: answering it there, before the middleware
+below it ran, let a deploy whose later middleware fails every request roll out."""
+MARKER = "shoal.app_check"
+"""The internal request's mark in its WSGI environ (request.META): not an ``HTTP_`` key, so no client can
+send it and have its /healthz skip HealthCheckMiddleware."""
 
 
 class ApplicationCannotLoad(RuntimeError):
@@ -62,9 +66,11 @@ def internal_request(application, path=INTERNAL_PATH, host=None):
     host = host or internal_host() or "localhost"
     environ = {
         "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": "",
-        "SERVER_NAME": host, "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "HTTP_HOST": host,
+        "SERVER_NAME": host, "SERVER_PORT": "443", "SERVER_PROTOCOL": "HTTP/1.1", "HTTP_HOST": host,
         "REMOTE_ADDR": "127.0.0.1", "HTTP_USER_AGENT": "shoal-app-check", MARKER: "1",
-        "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(b""), "wsgi.errors": sys.stderr,
+        # https: SECURE_SSL_REDIRECT would answer plain http with a redirect before the middleware below
+        # SecurityMiddleware ran (with SECURE_PROXY_SSL_HEADER and no such header Django goes by this too).
+        "wsgi.version": (1, 0), "wsgi.url_scheme": "https", "wsgi.input": io.BytesIO(b""), "wsgi.errors": sys.stderr,
         "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False,
     }
     raised = []
@@ -93,7 +99,7 @@ def internal_request(application, path=INTERNAL_PATH, host=None):
 
 def verify(application):
     """Raise ApplicationCannotLoad unless ``application`` can answer: its URLconf loads, the system checks
-    pass, and GET /healthz through it answers below 500."""
+    pass, and GET /healthz through it (every middleware, then the URLconf) answers below 500."""
     load_urlconf()
     errors = system_check_errors()
     if errors:

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
     ("publish.py", ["--single", "many"], "argument --single: 'many' is not a whole number"),
     ("tracing.py", ["--messages", "50"], "argument --messages: 50 is too small: give 10000 or more"),
     ("tracing.py", ["--repeat", "0"], "argument --repeat: 0 is too small: give 1 or more"),
+    ("tasks_idle.py", ["--queues", "0"], "argument --queues: 0 is too small: give 1 or more"),
+    ("tasks_scale.py", ["--workers", "0"], "argument --workers: 0 is too small: give 1 or more"),
 ])
 def test_a_count_a_benchmark_cannot_use_is_refused_in_one_line(script, args, says):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,

@@ -304,12 +304,17 @@ class Worker:
         logger.error("Consumer %s: %s; replacing this process (its other in-flight entries are delivered again)",
                      self.name, reason)
         self.liveness_due = float("inf")  # the main loop must not renew what is marked lapsed here
+        for loop in self.loops:
+            if getattr(loop, "runs", None) is not None:
+                loop.runs.release()
         try:
             liveness.beat(get_connection(), self.streams, self.name, 0)
         except (*TRANSIENT_ERRORS, redis.ResponseError):
             pass  # they are taken over after the pending timeout instead
         sys.stdout.flush()
         sys.stderr.flush()
+        if self.shutdown.is_set():  # asked to stop: a fresh process would go on consuming
+            os._exit(EXIT_FORCED)
         self.replace()
 
     def forget_liveness(self):

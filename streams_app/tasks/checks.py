@@ -1,5 +1,10 @@
 """System checks of the TASKS entries whose BACKEND is streams_app.tasks.StreamsBackend (ids E060-E063; their
-periodic tasks E064-E068, streams_app/tasks/periodic/entries.py)."""
+periodic tasks E064-E068, streams_app/tasks/periodic/entries.py; the installed apps' tasks modules E069)."""
+import importlib
+import importlib.util
+import traceback
+
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
@@ -46,6 +51,27 @@ def check_tasks_settings(app_configs=None, **kwargs):
                                     hint="Give each backend its own queue names.", id="streams_app.E063"))
             owners.setdefault(queue, alias)
         errors += _periodic_errors(alias, params)
+    if owners:
+        errors += _tasks_module_errors()
+    return errors
+
+
+def _tasks_module_errors():
+    """An installed app's ``tasks`` module that fails to import (a ``@task(timeout=0)`` raises InvalidTask
+    there): said now, not by every message of its tasks failing with TaskRefused and dead-lettered once
+    workers run."""
+    errors = []
+    for config in apps.get_app_configs():
+        name = f"{config.name}.tasks"
+        try:
+            if importlib.util.find_spec(name) is None:
+                continue
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 -- whatever stops the import is the error to show
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            errors.append(Error(f"{name} fails to import: {type(exc).__name__}: {exc}",
+                                hint=f"At {where.filename}:{where.lineno}. Until it imports, every task message "
+                                     "of it is refused (FAILED, dead-lettered) by the workers.", id="streams_app.E069"))
     return errors
 
 

@@ -109,5 +109,8 @@ def timeout_problem(value):
 
 def seconds(value):
     """Whether ``value`` is a number of seconds: finite, 0 or more."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and value >= 0)
+    try:
+        return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+                and value >= 0)
+    except OverflowError:  # an int too large for a float (10 ** 400)
+        return False

@@ -1,6 +1,7 @@
 import pytest
 
 from tests.serving.gunicorn_process import Gunicorn
+from tests.serving.hup_site import make_site
 
 
 @pytest.fixture
@@ -17,3 +18,9 @@ def gunicorn(tmp_path, redis_server):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A settings module whose URLconf adds /version, answered by a view module the test rewrites."""
+    return make_site(tmp_path / "site")

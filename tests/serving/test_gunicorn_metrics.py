@@ -42,11 +42,12 @@ def ready_workers(server):
 
 
 def every_booted_worker_ready(server):
-    """Every worker booted is ready and none is missing: a worker that reached max_requests said so while
-    answering its last request, before it exits and the master boots its replacement."""
+    """Every worker booted is ready and no recycling is pending: a worker that reached max_requests said so
+    while answering its last request, and serves on until the master has booted its replacement."""
     output = server.output()
-    leaving = output.count("Autorestarting worker after current request")
-    return ready_workers(server) == server.booted() and server.booted() - leaving == server.workers
+    due = output.count("it serves until the master has its replacement ready")
+    recycled = output.count("recycled after max_requests: worker")
+    return ready_workers(server) == server.booted() and due == recycled and len(server.worker_pids()) == server.workers
 
 
 def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunicorn):
@@ -57,7 +58,7 @@ def test_counters_survive_worker_recycling_and_the_directory_stays_bounded(gunic
     seen = []
     for _ in range(12):
         for _ in range(9):
-            # When both workers recycle at once the request waits for a new one to load the app.
+            # A worker past max_requests serves until its replacement is ready (one at a time).
             assert server.get("/healthz", timeout=60)[0] == 200
             sent += 1
         # A recycled worker's replacement sends its boot check's request before it says it is ready.
@@ -119,8 +120,9 @@ def test_per_worker_memory_and_uptime_with_a_label_set_that_stays_bounded(gunico
     seen = set()
     for _ in range(8):
         for _ in range(9):
-            # Both workers may reach max_requests together: the next one waits for a fresh worker.
             assert server.get("/healthz", timeout=60)[0] == 200
+        # The master replaces one worker past max_requests at a time, each once its replacement is ready.
+        wait_for(lambda: every_booted_worker_ready(server), timeout=60, what="the recycled workers replaced")
         seen |= {labels for _, labels, _ in worker_series(server)}
     assert server.booted() >= 2 + 4
     assert seen <= {f'worker="{slot}"' for slot in range(4)}, seen  # at most 2 × workers

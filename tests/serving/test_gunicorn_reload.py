@@ -1,34 +1,14 @@
 """kill -HUP on a real gunicorn master under load: new code answers and no request fails."""
 import signal
-import textwrap
 import time
 
 import pytest
 
+from tests.serving.hup_site import BROKEN_MIDDLEWARE, VIEW
 from tests.serving.load import Load
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-VIEW = 'from django.http import HttpResponse\n\n\ndef version(request):\n    return HttpResponse("{text}")\n'
-
-
-@pytest.fixture
-def site(tmp_path):
-    """A settings module whose URLconf adds /version, answered by a view module the test rewrites."""
-    directory = tmp_path / "site"
-    directory.mkdir()
-    (directory / "hup_settings.py").write_text('from tests.settings import *  # noqa\nROOT_URLCONF = "hup_urls"\n')
-    (directory / "hup_urls.py").write_text(textwrap.dedent("""\
-        from django.urls import path
-
-        from hup_view import version
-        from project.urls import urlpatterns as project_urls
-
-        urlpatterns = [path("version", version), *project_urls]
-    """))
-    (directory / "hup_view.py").write_text(VIEW.format(text="old code"))
-    return directory
 
 
 def reload_and_wait(server, old_pids):
@@ -139,3 +119,23 @@ def test_a_deploy_whose_settings_fail_the_system_checks_is_not_rolled_out(gunico
     assert "streams_app.E031" in server.output() and server.proc.poll() is None
     wait_for(lambda: set(server.worker_pids()) == old, timeout=60, what="only the old workers left")
     assert server.get("/version")[1] == "old code"
+
+
+def test_a_deploy_whose_last_middleware_fails_every_request_is_not_rolled_out(gunicorn, site):
+    # A user trial: the new worker's check (GET /healthz through the app) was answered by HealthCheckMiddleware,
+    # which project/settings.py places near the top, before the middleware below it ran: a deploy adding one
+    # that raises on every request was rolled out ("Rollout complete") and every page was a 500.
+    server = gunicorn(workers=2, env={"PYTHONPATH": str(site), "DJANGO_SETTINGS_MODULE": "hup_settings"})
+    old = set(server.worker_pids())
+    (site / "broken_middleware.py").write_text(BROKEN_MIDDLEWARE)
+    settings_file = site / "hup_settings.py"
+    settings_file.write_text(settings_file.read_text() + 'MIDDLEWARE = [*MIDDLEWARE, "broken_middleware.Broken"]\n')
+    server.signal(signal.SIGHUP)
+    wait_for(lambda: "ROLLOUT ABORTED" in server.output() or "Rollout complete" in server.output(), timeout=90,
+             what="the rollout's outcome")
+    output = server.output()
+    assert "ROLLOUT ABORTED" in output and "Rollout complete" not in output, output[-4000:]
+    assert "broken middleware: every request fails" in output  # the worker's traceback, for the operator
+    wait_for(lambda: set(server.worker_pids()) == old, timeout=60, what="only the old workers left")
+    assert server.get("/version") == (200, "old code")
+    assert server.get("/healthz")[0] == 200  # probes are still answered first, by the middleware

@@ -1,12 +1,13 @@
 """Recycling held while the code on disk cannot load (shoal_common/web_recycling.py), on its own: the master's
-state file, a worker's reading of it, and the worker's choice at ``max_requests``. The load test against a
-real master is in tests/serving/test_host_project_web.py."""
+state file, and a worker's request to be recycled at ``max_requests``. Against a real master:
+tests/serving/test_gunicorn_recycling.py and tests/serving/test_host_project_web.py."""
 import json
 import logging
+import os
 import sys
 from types import SimpleNamespace
 
-from shoal_common import web_recycling
+from shoal_common import web_recycling, web_rollout
 from shoal_common.web_worker import ThreadWorker
 from streams_app.metrics.recycling import RecyclingCollector
 
@@ -31,41 +32,28 @@ def test_the_master_says_held_and_released_in_its_state_file(tmp_path, caplog):
     assert caplog.text.count("RECYCLING HELD") == 1 and "Recycling resumed" in caplog.text
 
 
-def test_a_worker_reads_the_state_at_most_once_a_recheck(tmp_path):
-    path = tmp_path / "web_rollout.json"
-    hold = web_recycling.Hold(str(path), log)
-    now = [0.0]
-    view = web_recycling.WorkerView(str(path), clock=lambda: now[0])
-    assert view.held() is False  # no file yet: a master that never held
-    hold.hold("broken")
-    assert view.held() is False  # what it read a moment ago
-    now[0] += web_recycling.RECHECK
-    assert view.held() is True
-    hold.release("fixed")
-    now[0] += web_recycling.RECHECK
-    assert view.held() is False
+def worker(recycle_at=200):
+    return SimpleNamespace(recycle_at=recycle_at, max_requests=recycle_at, recycle_asked=False, pid=os.getpid(), log=log)
 
 
-def worker(view, nr, recycle_at=200):
-    return SimpleNamespace(recycling=view, recycle_at=recycle_at, max_requests=recycle_at, nr=nr,
-                           recycle_deferred=False, pid=1234, log=log)
+def test_a_worker_past_max_requests_asks_the_master_and_serves_on(monkeypatch, caplog):
+    read, write = os.pipe()
+    monkeypatch.setattr(web_rollout, "_ready_w", write)  # what a worker inherits from Shoal's master
+    w = worker()
+    with caplog.at_level(logging.INFO, logger=log.name):
+        ThreadWorker.ask_recycling(w)
+    assert os.read(read, 100) == f"due {os.getpid()}\n".encode()
+    assert w.max_requests == sys.maxsize and w.recycle_asked  # gunicorn's `nr >= max_requests` never comes true
+    assert "it serves until the master has its replacement ready" in caplog.text
+    os.close(read)
+    os.close(write)
 
 
-def test_a_worker_past_max_requests_is_not_recycled_while_held_and_is_once_released(tmp_path, caplog):
-    path = tmp_path / "web_rollout.json"
-    hold = web_recycling.Hold(str(path), log)
-    hold.hold("broken")
-    now = [0.0]
-    w = worker(web_recycling.WorkerView(str(path), clock=lambda: now[0]), nr=199)
-    with caplog.at_level(logging.WARNING, logger=log.name):
-        ThreadWorker.defer_recycling_while_held(w)
-        ThreadWorker.defer_recycling_while_held(w)
-    assert w.max_requests == sys.maxsize  # gunicorn's `nr >= max_requests` never comes true
-    assert caplog.text.count("keeps serving with the code it loaded") == 1
-    hold.release("fixed")
-    now[0] += web_recycling.RECHECK
-    ThreadWorker.defer_recycling_while_held(w)
-    assert w.max_requests == 200  # recycled at its next request, as gunicorn would have
+def test_outside_shoals_master_a_worker_is_recycled_as_gunicorn_does(monkeypatch):
+    monkeypatch.setattr(web_rollout, "_ready_w", None)
+    w = worker()
+    ThreadWorker.ask_recycling(w)
+    assert w.max_requests == 200  # exits by itself after this request
 
 
 def test_the_metric_shows_the_masters_state():

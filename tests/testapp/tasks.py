@@ -202,3 +202,9 @@ def raises_its_own_timeout():
 @shoal_task(timeout=0.5)
 async def async_raises_its_own_timeout():
     raise TimeoutError("the task's own socket timeout")
+
+
+@shoal_task(timeout=1e10)
+def huge_timeout():
+    """A limit Condition.wait cannot take in one go: it must not switch the other limits off."""
+    return "in time"

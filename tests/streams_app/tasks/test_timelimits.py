@@ -1,6 +1,8 @@
 """Time limits (issue 45): ``@task(timeout=)`` and OPTIONS["TIMEOUT"]. An attempt past its limit ends with
 TaskTimeout (FAILED, or retried when retry_on covers it); a sync task's worker process is replaced so
 its capacity comes back (streams_app/tasks/timelimits.py); an async task is cancelled."""
+import signal
+
 import pytest
 
 from streams_app.tasks import TaskTimeout
@@ -66,8 +68,40 @@ def test_the_other_in_flight_tasks_of_a_replaced_worker_are_delivered_again(jobs
     overrun = jobs.overruns.enqueue(str(tmp_path / "run"), 60)
     run_workers("tasks:default:workers", "--threads", "4", "--batch", "1")
     assert finished(jobs.overruns, overrun.id).status == "FAILED"
-    for result in sleepers:
-        assert finished(jobs.sleepy, result.id).status == "SUCCESSFUL"
+    done = [finished(jobs.sleepy, result.id) for result in sleepers]
+    assert all(d.status == "SUCCESSFUL" and d.attempts == 2 for d in done)
+    # Run again side by side, not one by one as suspects of a crash: the process was replaced on purpose.
+    assert max(d.last_attempted_at for d in done) < min(d.finished_at for d in done)
+
+
+def test_a_timeout_while_runconsumer_stops_ends_the_process_instead_of_starting_a_new_one(jobs, run_workers, tmp_path):
+    log = tmp_path / "run"
+    result = jobs.overruns.enqueue(str(log), 60)
+    proc = run_workers("tasks:default:workers", "--threads", "1")
+    wait_for(lambda: log.exists(), timeout=60, what="the task started")
+    proc.signal(signal.SIGTERM)  # the shutdown timeout (30 s) is longer than the task's limit (2 s)
+    assert proc.wait(timeout=60) == 2  # EXIT_FORCED: stopped; it did not exec a fresh consumer
+    assert finished(jobs.overruns, result.id).status == "FAILED"
+
+
+def test_a_limit_too_long_to_wait_in_one_go_leaves_the_other_limits_working(jobs, run_workers, tmp_path):
+    first = jobs.huge_timeout.enqueue()
+    overrun = jobs.overruns.enqueue(str(tmp_path / "run"), 60)
+    run_workers("tasks:default:workers", "--threads", "1", "--batch", "1")
+    assert finished(jobs.huge_timeout, first.id).return_value == "in time"
+    assert finished(jobs.overruns, overrun.id).status == "FAILED"
+
+
+def test_finished_watches_do_not_pile_up_until_their_deadline():
+    from streams_app.tasks.timelimits import Watchdog
+
+    watchdog = Watchdog()
+    for _ in range(5000):
+        watch = watchdog.watch(object(), 3600)
+        assert watch.finish()
+    assert len(watchdog.heap) <= 1500  # rebuilt without the finished ones; not 5,000 held for an hour
+    pending = watchdog.watch(object(), 3600)
+    assert pending in [item[2] for item in watchdog.heap]
 
 
 @pytest.mark.parametrize("name", ["raises_its_own_timeout", "async_raises_its_own_timeout"])
@@ -86,7 +120,7 @@ def test_options_timeout_is_the_backends_default(jobs, run_workers, tmp_path):
     assert done.status == "FAILED" and done.errors[0].exception_class is TaskTimeout
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "5"])
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "5", 10 ** 400])
 def test_bad_timeouts_are_refused_at_declaration(jobs, timeout):
     from streams_app.tasks import task
 
@@ -104,3 +138,23 @@ def test_the_system_checks_name_a_bad_timeout_option(settings):
 
 def test_using_keeps_the_timeout(jobs):
     assert jobs.overruns.using(priority=5).timeout == 2
+
+
+def test_the_system_checks_name_a_tasks_module_that_fails_to_import(settings, tmp_path, monkeypatch):
+    import sys
+
+    from django.core.checks import run_checks
+
+    app = tmp_path / "badtasksapp"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "tasks.py").write_text("from streams_app.tasks import task\n\n\n@task(timeout=0)\ndef never():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "badtasksapp"]
+    try:
+        found = [m for m in run_checks() if m.id == "streams_app.E069"]
+    finally:
+        sys.modules.pop("badtasksapp.tasks", None)
+        sys.modules.pop("badtasksapp", None)
+    assert len(found) == 1 and "badtasksapp.tasks fails to import" in found[0].msg
+    assert "timeout is the seconds one attempt may run" in found[0].msg
