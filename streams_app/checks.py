@@ -218,3 +218,34 @@ def _location_errors(alias, location):
                                "or unix:///path/to/redis.sock.",
                           id="streams_app.E041")]
     return []
+
+
+@register()
+def check_live_partitions(app_configs=None, **kwargs):
+    """W031: STREAMS["PARTITIONS"] names another count than the live layout (``manage.py repartition``
+    changed it; the setting only says how a stream starts). Asks Redis, within ADMIN_REDIS_TIMEOUT;
+    silent when it does not answer (nothing to compare with)."""
+    from streams_app import layout
+    from streams_app.conf import setting
+    from streams_app.connection import web_connection
+
+    declared = setting("PARTITIONS") or {}
+    if not isinstance(declared, dict) or not declared:
+        return []
+    try:
+        conn = web_connection()
+        live = {stream: layout.read(conn, stream) for stream in sorted(declared) if isinstance(stream, str)}
+    except Exception:  # noqa: BLE001 - Redis down, not configured, no cache: nothing to compare with
+        return []
+    warnings = []
+    for stream, record in live.items():
+        if record is None or len(record.names) == declared[stream]:
+            continue
+        warnings.append(Warning(
+            f"STREAMS['PARTITIONS'][{stream!r}] is {declared[stream]!r}, but {stream!r} has {len(record.names)} "
+            f"partitions in Redis (epoch {record.epoch}, {record.state}; changed by manage.py repartition). The live "
+            "layout is used; the setting is not.",
+            hint=f"Write STREAMS['PARTITIONS'] = {{..., {stream!r}: {len(record.names)}}} so that the settings say "
+                 "what runs (docs/cluster.md, \"Repartitioning online\").",
+            id="streams_app.W031"))
+    return warnings

@@ -104,7 +104,9 @@ SETTINGS = (
             "Partitioned streams: ``{\"orders\": 6}`` spreads the logical stream ``orders`` over 6 streams (one "
             "cluster slot each, spread over the masters). ``publish(..., key=k)`` routes by CRC-32 of the key, "
             "without a key round-robin; ``@consumer(\"orders\", ...)`` reads every partition. Changing the count "
-            "of a stream that has entries is refused (streams_app/partitions.py).", check_id="E031"),
+            "here for a stream that has entries is refused (streams_app/partitions.py); ``manage.py repartition "
+            "STREAM N`` changes it online, and from then on the live count in Redis wins (warning "
+            "streams_app.W031 while this names another).", check_id="E031"),
     Setting("LEASE_TTL_MS", 10_000, MILLISECONDS_INT,
             "Ordered mode (``@consumer(..., ordered=True)``): how long a partition's lease lasts on the Redis clock "
             "unless renewed. A consumer killed or paused longer than this loses its partitions; another takes them "

@@ -7,8 +7,10 @@ slot and every Lua script stays single-slot. Names are derived, never scanned: p
 that does, which spreads the partitions evenly over the masters of a standard cluster layout.
 
 The list of names is recorded in Redis (``{S}:partitions``, written once with SET NX): changing N
-for a stream that has entries would move keys to other partitions (and break per-key order), so
-it is refused with an error that says how to migrate.
+in the settings for a stream that has entries would move keys to other partitions (and break per-key
+order), so it is refused with an error that says how to migrate. ``manage.py repartition`` changes the
+count online instead (streams_app.repartition): from then on the live layout recorded in Redis
+(streams_app.layout, epochs) wins over the setting, and ``names()`` returns it.
 """
 import itertools
 import json
@@ -18,7 +20,7 @@ import zlib
 from django.core.signals import setting_changed
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from streams_app import keys
+from streams_app import keys, layout
 from streams_app.conf import setting
 from streams_app.exceptions import PartitionConfigError
 
@@ -30,21 +32,23 @@ def count(stream):
 
 
 def is_partitioned(stream):
-    return count(stream) > 1
+    return names(stream) != [stream]
 
 
 def _slot(name):
     return key_slot(name.encode())
 
 
-def partition_name(stream, index, n):
-    """The stream key of partition ``index`` of ``n``: stable, so every process derives the same."""
+def partition_name(stream, index, n, epoch=0):
+    """The stream key of partition ``index`` of ``n``: stable, so every process derives the same.
+
+    Epoch 0 is the declared layout (``S:i``); a repartitioned one's names carry their epoch (``S:e2.i``)."""
     low, high = index * REDIS_CLUSTER_HASH_SLOTS // n, (index + 1) * REDIS_CLUSTER_HASH_SLOTS // n
-    plain = f"{stream}:{index}"
+    plain = f"{stream}:{index}" if not epoch else f"{stream}:e{epoch}.{index}"
     if low <= _slot(plain) < high:
         return plain
     for salt in range(1, 100_000):
-        name = f"{stream}:{index}.{salt}"
+        name = f"{plain}.{salt}" if epoch else f"{stream}:{index}.{salt}"
         if low <= _slot(name) < high:
             return name
     return plain  # unreachable in practice: a few hundred tries find every range
@@ -53,23 +57,52 @@ def partition_name(stream, index, n):
 _names_cache = {}
 
 
-def names(stream, n=None):
-    """The partition stream keys of ``stream``, in partition order (``[stream]`` when not partitioned)."""
-    n = count(stream) if n is None else n
-    if n <= 1:
+def names(stream, n=None, epoch=0):
+    """The partition stream keys of ``stream``, in partition order (``[stream]`` when not partitioned).
+
+    Without ``n``: the live layout, where new messages go (streams_app.layout: recorded in Redis once
+    ``repartition`` ran, re-read at most every second), else the declared one.
+    """
+    if n is None:
+        live = layout.current(stream)
+        if live is not None:
+            return live.names
+        n = count(stream)
+    if n <= 1 and not epoch:
         return [stream]
-    cached = _names_cache.get((stream, n))
+    cached = _names_cache.get((stream, n, epoch))
     if cached is None:
-        cached = _names_cache[(stream, n)] = [partition_name(stream, i, n) for i in range(n)]
+        cached = _names_cache[(stream, n, epoch)] = [partition_name(stream, i, n, epoch) for i in range(n)]
     return cached
 
 
+def reading(stream):
+    """The partitions consumers of ``stream`` read: ``names()``, and while a repartition drains them, the
+    previous epoch's partitions first."""
+    live = layout.current(stream)
+    return live.reading() if live is not None else names(stream)
+
+
+def every_name(stream):
+    """Every partition ``stream`` has had (retired epochs included): where its dead letters may be."""
+    live = layout.current(stream)
+    return live.every_name() if live is not None else names(stream)
+
+
 def logical(name):
-    """(logical stream, partition index or None) of a stream key, from the declared partitions."""
+    """(logical stream, partition index or None) of a stream key, from the declared or live partitions.
+
+    The index is within the partition's own epoch (a retired partition keeps its old index)."""
     declared = setting("PARTITIONS") or {}
-    for stream in declared if isinstance(declared, dict) else ():
-        if name.startswith(f"{stream}:") and name in names(stream):
-            return stream, names(stream).index(name)
+    streams = list(declared) if isinstance(declared, dict) else []
+    for stream in streams + [s for s in layout.known() if s not in streams]:
+        if not name.startswith(f"{stream}:"):
+            continue
+        live = layout.current(stream)
+        epochs = [live.names, live.previous, live.retired] if live is not None else [names(stream)]
+        for group in epochs:
+            if name in group:
+                return stream, group.index(name)
     return name, None
 
 
@@ -119,6 +152,9 @@ def ensure_recorded(conn, stream):
     from the recorded one (no record: the plain, unpartitioned stream) and the streams of the
     recorded layout that the new one drops still hold entries.
     """
+    live = layout.current(stream, conn)
+    if live is not None:
+        return live.names  # repartitioned: the live layout wins over the setting (check streams_app.W031)
     checked = _checked.get(stream)
     if checked is not None:
         return checked

@@ -65,6 +65,7 @@ class PassReport:
 class Reclaimer:
     def __init__(self, specs=None, *, conn=None, config=None, clock=time.time):
         self.specs = list(specs) if specs is not None else registered()
+        self.follows = specs is None  # every registered group: re-expanded each pass (a repartition's partitions)
         self._conn = conn
         self.config = config or dict(get_settings())
         self.clock = clock  # wall clock: snapshots carry it
@@ -94,6 +95,8 @@ class Reclaimer:
         """One pass over every group. A group whose Redis calls fail is skipped until the next pass."""
         now = self.clock() if now is None else now
         report = PassReport()
+        if self.follows:
+            self.specs = registered()
         for spec in self.specs:
             try:
                 self.audit(spec, report)

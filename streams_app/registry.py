@@ -309,10 +309,14 @@ def expand(spec: ConsumerSpec) -> list[ConsumerSpec]:
         # Bands are not partitioned: each is one stream, in its own slot on a cluster.
         streams = [band_stream(spec.stream, band) for band in spec.bands]
         return [replace(spec, stream=stream, yields_to=tuple(streams[:i])) for i, stream in enumerate(streams)]
-    names = partitions.names(spec.stream)
+    # While a repartition drains the previous epoch, its partitions are read too (streams_app.layout).
+    names = partitions.reading(spec.stream)
     if len(names) == 1:
         return [spec]
-    return [replace(spec, stream=name, logical_stream=spec.stream, partition=i) for i, name in enumerate(names)]
+    # A partition's index within its own epoch (the previous epoch's come first in ``names``).
+    current = partitions.names(spec.stream)
+    return [replace(spec, stream=name, logical_stream=spec.stream, partition=current.index(name) if name in current else i)
+            for i, name in enumerate(names)]
 
 
 def split_selector(selector: str) -> tuple[str, str]:

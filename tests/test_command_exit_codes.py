@@ -32,6 +32,8 @@ USAGE_ERRORS = {
                           ["jobs", "--group", "a", "--all", "--id", "1-0"]]),
     "broadcast": (ONE_SHOT, [["ping", "--bogus"], [], ["ping", "--wait", "x"]]),
     "canceltask": (ONE_SHOT, [[], ["abc", "--bogus"]]),
+    "repartition": (ONE_SHOT, [[], ["orders"], ["orders", "x"], ["orders", "1"], ["orders", "8", "--bogus"],
+                               ["{orders}", "8"]]),
     "discover": (ONE_SHOT, [["--bogus"], ["svc", "--drain", "a", "--undrain", "b"], ["\udcff"]]),
 }
 

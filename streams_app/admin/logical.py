@@ -18,7 +18,7 @@ from django.utils.http import urlencode
 import redis
 
 from shoal_common.redis_errors import is_missing
-from streams_app import partitions
+from streams_app import layout, partitions
 from streams_app.admin.mirror import entry_sort_key
 from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
 from streams_app.conf import get_settings
@@ -34,12 +34,16 @@ def logical_pending_url(stream, group):
 
 
 def _declared(request, parameter="name"):
-    """(logical stream, its partitions): as recorded in Redis ({S}:partitions), else as declared."""
+    """(logical stream, its partitions): the live layout (a repartition's draining partitions first), else
+    as recorded in Redis ({S}:partitions), else as declared."""
     name = request.GET.get(parameter, "")
     try:
-        raw = page_connection(request).get(partitions.record_key(name)) if name else None
+        live = layout.read(page_connection(request), name) if name else None
+        raw = page_connection(request).get(partitions.record_key(name)) if name and live is None else None
     except (*TRANSIENT_ERRORS, redis.ResponseError):
-        raw = None  # Redis away: the declared layout (the mirror's age says how old the rest is)
+        live = raw = None  # Redis away: the declared layout (the mirror's age says how old the rest is)
+    if live is not None:
+        return name, live.reading()
     if raw:
         return name, json.loads(raw)
     if not partitions.is_partitioned(name):

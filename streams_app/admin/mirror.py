@@ -152,7 +152,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
 
 def _declared_partitions():
     declared = get_settings()["PARTITIONS"]
-    return [name for stream in (declared if isinstance(declared, dict) else {}) if partitions.is_partitioned(stream) for name in partitions.names(stream)]
+    return [name for stream in (declared if isinstance(declared, dict) else {}) if partitions.is_partitioned(stream) for name in partitions.reading(stream)]
 
 
 def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem, scheduled=0):

@@ -51,7 +51,7 @@ def logical_link(name):
     if index is None:
         return ""
     return format_html('<a href="{}">{}</a> ({} of {})', logical_views.logical_url(stream), stream, index,
-                       partitions.count(stream))
+                       len(partitions.names(stream)))
 
 
 class LogicalStreamFilter(admin.SimpleListFilter):
@@ -68,7 +68,7 @@ class LogicalStreamFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if not self.value():
             return queryset
-        return queryset.filter(**{f"{self.field}__in": partitions.names(self.value())})
+        return queryset.filter(**{f"{self.field}__in": partitions.reading(self.value())})
 
 
 class GroupLogicalStreamFilter(LogicalStreamFilter):
@@ -163,7 +163,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         if index is None:
             return ""
         return format_html('{} (<a href="{}">pending in all {} partitions</a>)', logical_link(obj.stream.name),
-                           logical_views.logical_pending_url(stream, obj.name), partitions.count(stream))
+                           logical_views.logical_pending_url(stream, obj.name), len(partitions.names(stream)))
 
     @admin.display(description="pending", ordering="pending")
     def pending_link(self, obj):

@@ -28,6 +28,7 @@ from django.db import close_old_connections
 
 from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
 from streams_app.consuming.chunks import _checked as checked_call  # the same "did it run" check
+from streams_app.consuming.gate import FeederGate
 from streams_app.consuming.leases import OWNED, RELEASING, TAKEN
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.outcomes import ChunkResult
@@ -129,6 +130,7 @@ class OrderedGroupLoop(GroupLoop):
             self.max_chunk = self.batch
         self.chunk_size = self.max_chunk
         self.replaying = False  # entries pending for this consumer go out (in id order) before new ones
+        self.gate = FeederGate(spec, self.conn, self.shutdown, consumer)  # a new epoch's partition waits (repartition)
 
     # -- one pass -----------------------------------------------------------------------------
 
@@ -161,7 +163,7 @@ class OrderedGroupLoop(GroupLoop):
             if not self.to_ack:
                 self.release()
             return
-        if self.settling_now(now):
+        if self.settling_now(now) or self.gate.closed(now):
             return
         capacity = max(1, min(self.batch, self.chunk_size, self._time_room()))
         if self.replaying:

@@ -32,6 +32,7 @@ from streams_app.connection import TRANSIENT_ERRORS, get_connection, node_client
 from streams_app.consuming import refusals
 from streams_app.consuming.burst import BurstGate, BurstGaveUp
 from streams_app.consuming.eventloop import EventLoopRunner
+from streams_app.consuming.follow import LayoutFollower, respecify
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.leases import LeaseTable
 from streams_app.consuming.loop import GroupLoop
@@ -79,7 +80,8 @@ class Worker:
         if block_ms is not None:
             config["BLOCK_MS"] = block_ms
         self.config = config
-        self.specs = list(specs)
+        self.specs = respecify(list(specs))  # the live partition layout, not the one the caller saw
+        self.follower = LayoutFollower(self.specs, clock)  # stops this worker when that layout changes
         self.threads = threads or config["THREADS"]
         self.concurrency = concurrency or config["ASYNC_CONCURRENCY"]
         self.event_loop = None  # an EventLoopRunner, made at boot when some handler is async
@@ -151,6 +153,7 @@ class Worker:
                 self.handle_signal(signum)
             self.check_loops()
             self.check_burst()
+            self.follow_layout()
             if self.shutdown.is_set():
                 self.unblock_readers()
         if any(getattr(loop, "crashed", None) is not None for loop in self.loops):
@@ -398,6 +401,10 @@ class Worker:
         self.signals.put(signum)  # SimpleQueue.put is reentrant: safe in a signal handler
 
     def handle_signal(self, signum):
+        if self.follower.changed is not None:  # stopping to follow a repartition: this is a first TERM/INT
+            self.follower.changed = None  # so runconsumer does not start again
+            logger.info("Consumer %s: %s received, finishing in-flight work", self.name, signal.Signals(signum).name)
+            return
         if self.shutdown.is_set():
             logger.warning("Consumer %s: second %s, exiting now; unacknowledged entries stay pending",
                            self.name, signal.Signals(signum).name)
@@ -407,6 +414,16 @@ class Worker:
         self.stop(graceful=True)
         logger.info("Consumer %s: %s received, finishing in-flight work (up to %ss)",
                     self.name, signal.Signals(signum).name, self.shutdown_timeout)
+
+    def follow_layout(self):
+        """A repartition changed which partitions to read: stop cleanly, to start again on the new layout."""
+        if self.shutdown.is_set() or self.burst:
+            return
+        stream = self.follower.tick()
+        if stream is not None:
+            logger.info("Consumer %s: the partition layout of %s changed; finishing in-flight work to start again "
+                        "on it", self.name, stream)
+            self.stop(graceful=True)
 
     def stop(self, graceful=True):
         self.shutdown.deadline = self.clock() + (self.shutdown_timeout if graceful else 0)

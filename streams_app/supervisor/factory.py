@@ -6,6 +6,7 @@ from streams_app.metrics import multiprocess
 from streams_app.supervisor.autoscale import Autoscaler
 from streams_app.conf import get_settings
 from streams_app.connection import get_connection
+from streams_app.consuming.follow import respecify
 from streams_app.lag import read_lags
 from streams_app.metrics.supervisor import PoolMetrics
 from streams_app.supervisor.spawn import ExecSpawner
@@ -56,7 +57,7 @@ def build_supervisor(selectors, specs, options, *, log_level=None):
         spawner,
         workers=options.get("workers") or 1,
         autoscaler=autoscaler,
-        lag_reader=(lambda: read_lags(get_connection(), specs)) if reads_lag else None,
+        lag_reader=(lambda: read_lags(get_connection(), respecify(specs))) if reads_lag else None,  # the live layout
         lag_interval=interval,
         shutdown_timeout=shutdown_timeout,
         heartbeat_timeout=heartbeat_timeout,

@@ -44,7 +44,12 @@ REPARENT_TIMEOUT = 30.0
 
 def preload(args):
     """Boot as a worker would, then import what a worker runs, so that forks share it all."""
-    specs = worker_main.boot(args)
+    from streams_app import layout
+
+    # Nothing may connect to Redis before the fork: the specs use the declared layout here, and each
+    # forked worker makes its own from the live one (consuming/follow.py respecify).
+    with layout.offline():
+        specs = worker_main.boot(args)
     # Imported here rather than at the workers' first use: every module loaded now is shared.
     import streams_app.consuming.worker  # noqa: F401
     import streams_app.supervisor.heartbeat  # noqa: F401

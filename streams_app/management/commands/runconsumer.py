@@ -11,7 +11,7 @@ from streams_app.exceptions import ConsumerConfigError, StreamsError
 from streams_app.checks import settings_errors
 from streams_app.registry import select
 from streams_app.consuming.burst import BurstGaveUp
-from streams_app.consuming.worker import EXIT_BURST_UNFINISHED, EXIT_CONFIG, Worker
+from streams_app.consuming.worker import EXIT_BURST_UNFINISHED, EXIT_CONFIG, EXIT_OK, Worker
 from streams_app.tasks.periodic.scheduler import for_specs
 
 
@@ -155,18 +155,23 @@ class Command(DaemonCommand):
                 start_metrics_server(options["metrics_port"], options["metrics_addr"])
             except OSError as exc:
                 raise CommandError(f"cannot serve metrics on port {options['metrics_port']}: {exc}") from None
-        worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
-                        shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
-                        burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT,
-                        scheduler=None if options["burst"] else for_specs(specs))
-        if sys.argv[1:2] == ["runconsumer"]:  # this process is the command's own, not a call_command in a test
-            worker.replace = _exec_again
-        try:
-            code = worker.run()
-        except BurstGaveUp as exc:
-            raise CommandError(str(exc), returncode=EXIT_BURST_UNFINISHED) from None
-        except StreamsError as exc:
-            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        scheduler = None if options["burst"] else for_specs(specs)  # one, kept across a repartition's restarts
+        while True:
+            worker = Worker(specs, threads=options["threads"], batch=options["batch"], block_ms=options["block_ms"],
+                            shutdown_timeout=options["shutdown_timeout"], concurrency=options["concurrency"],
+                            burst=options["burst"], burst_timeout=options["burst_timeout"] or BURST_TIMEOUT,
+                            scheduler=scheduler)
+            if sys.argv[1:2] == ["runconsumer"]:  # this process is the command's own, not a call_command in a test
+                worker.replace = _exec_again
+            try:
+                code = worker.run()
+            except BurstGaveUp as exc:
+                raise CommandError(str(exc), returncode=EXIT_BURST_UNFINISHED) from None
+            except StreamsError as exc:
+                raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+            # Stopped to follow a repartition (consuming/follow.py): a new worker reads the new layout.
+            if code != EXIT_OK or worker.stuck or worker.follower.changed is None:
+                break
         if worker.stuck:
             # Handler threads that ignored the shutdown timeout would keep the interpreter alive.
             sys.stdout.flush()

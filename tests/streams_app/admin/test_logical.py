@@ -106,3 +106,23 @@ def test_the_logical_pending_page_without_a_group_is_not_found(staff_client, ord
     assert page.status_code == 404
     page = staff_client().get("/admin/streams_app/consumergroup/logical-pending/?stream=orders&group=")
     assert page.status_code == 404
+
+
+def test_the_logical_stream_page_follows_a_repartition_draining_partitions_included(staff_client, redis, settings):
+    from streams_app import layout
+    from streams_app.repartition import repartition
+
+    settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"jn": 2}}
+    old = partitions.names("jn")
+    publish_many("jn", [{"n": n} for n in range(10)], keys=[f"k{n}" for n in range(10)])
+    ensure_group(redis, old[0], "ledger", start="0")  # unread: the drain waits, the old partitions stay read
+    layout.SWITCH_SECONDS, switch = 0.2, layout.SWITCH_SECONDS
+    try:
+        repartition("jn", 4, say=lambda text: None, wait=False)
+    finally:
+        layout.SWITCH_SECONDS = switch
+    new = partitions.names("jn")
+    html = staff_client().get("/admin/streams_app/stream/logical/?name=jn").content.decode()
+    assert "partitioned stream of 6 partitions" in html, html  # 2 draining, 4 new
+    for name in old + new:
+        assert f">{name}</a>" in html
