@@ -1,8 +1,9 @@
 """The control room's Tasks page: Django Tasks run by streams_app.tasks, read live from Redis.
 
 The list shows the newest results of each queue of each StreamsBackend in TASKS (the per-queue index
-of streams_app.tasks.results, LIST_LIMIT per queue), filtered by queue and status; a result id finds
-one result whatever its queue. A result's page shows its arguments, return value, every error with
+of streams_app.tasks.results, LIST_LIMIT per queue), filtered by queue and status; with a queue chosen it
+pages through all of that queue's results. The counts by status are of every result stored
+(results.status_counts, within COUNT_BUDGET). A result id finds one result whatever its queue. A result's page shows its arguments, return value, every error with
 its traceback, its attempts and worker ids, and its times.
 
 "Cancel" (a READY result, permission ``cancel_taskresult``, a confirmation, POST, a LogEntry): the task
@@ -36,7 +37,9 @@ from streams_app.tasks import messages as task_messages
 from streams_app.tasks import results, setup
 from streams_app.tasks.lookup import find_task
 
-LIST_LIMIT = 200  # newest results per queue the list reads
+LIST_LIMIT = 200  # results per page (with no queue chosen: the newest of each queue)
+PAGE_SCAN = 20 * LIST_LIMIT  # results one page reads at most while looking for those of a status
+COUNT_BUDGET = 2.0  # seconds the exact counts by status may take per page; past it they say how far they got
 STATUSES = ("READY", "RUNNING", "SUCCESSFUL", "FAILED")
 
 
@@ -103,26 +106,59 @@ class TasksPage:
         if status and status not in STATUSES:
             problems.append(f"No status {status!r} (one of {', '.join(STATUSES)}); showing every status.")
             status = ""
-        rows, counts, unreachable = [], {}, False
+        start = request.GET.get("start", "0")
+        if not start.isdigit() or not queue:
+            if start != "0":
+                problems.append(f"'start' pages through one queue's results: a whole number with a queue chosen, not "
+                                f"{start[:30]!r}; showing the newest.")
+            start = "0"
+        start = int(start)
+        rows, counts, unreachable, next_start, partial = [], {}, False, None, []
         conn = page_connection(request)
         try:
             for name in [queue] if queue else queues:
-                found = [r for r in results.many(conn, results.ids(conn, name, LIST_LIMIT)) if r is not None]
-                counts[name] = {s: sum(1 for r in found if r["status"] == s) for s in STATUSES}
-                rows += [r for r in found if not status or r["status"] == status]
+                counts[name], counted, total = results.status_counts(conn, name, STATUSES, budget=COUNT_BUDGET)
+                if counted < total:
+                    partial.append((name, counted, total))
+            if queue:
+                rows, next_start = self._page(conn, queue, status, start)
+            else:
+                for name in queues:
+                    found = [r for r in results.many(conn, results.ids(conn, name, LIST_LIMIT)) if r is not None]
+                    rows += [r for r in found if not status or r["status"] == status]
         except TRANSIENT_ERRORS as exc:
             _unreachable(self.model_admin, request, exc)
-            rows, counts, unreachable = [], {}, True
+            rows, counts, unreachable, next_start, partial = [], {}, True, None, []
         for problem in problems:
             self.model_admin.message_user(request, problem, messages.WARNING)
         rows.sort(key=lambda r: r["enqueued_at"] or r["started_at"] or r["last_attempted_at"] or 0, reverse=True)
         context = self._context(
             request, "Tasks", queues=queues, queue=queue, status=status, statuses=STATUSES, rows=rows,
             counts=[(name, counts[name]) for name in queues if name in counts], unreachable=unreachable,
-            limit=LIST_LIMIT, selectors={name: f"{task_messages.selector(name)}, "
+            limit=LIST_LIMIT, start=start, next_start=next_start, partial=partial, count_budget=COUNT_BUDGET,
+            selectors={name: f"{task_messages.selector(name)}, "
                                                 f"{task_messages.async_stream_name(name)}:{task_messages.GROUP}"
                                           for name in queues})
         return TemplateResponse(request, "admin/streams_app/taskresult/change_list.html", context)
+
+    def _page(self, conn, queue, status, start):
+        """One page of ``queue``'s results from rank ``start`` of its index (newest first): LIST_LIMIT rows
+        of ``status`` (any when empty), reading on past expired and other results; and the rank the next
+        page starts at, or None at the index's end. At most PAGE_SCAN results are read for one page."""
+        rows, rank, scanned = [], start, 0
+        while len(rows) < LIST_LIMIT and scanned < PAGE_SCAN:
+            ids = results.ids(conn, queue, LIST_LIMIT, start=rank)
+            if not ids:
+                return rows, None
+            for record in results.many(conn, ids):
+                rank += 1
+                scanned += 1
+                if record is not None and (not status or record["status"] == status):
+                    rows.append(record)
+                    if len(rows) == LIST_LIMIT:
+                        break
+        more = bool(results.ids(conn, queue, 1, start=rank))
+        return rows, rank if more else None
 
     def _find(self, request, wanted_id):
         if not results.valid_id(wanted_id):

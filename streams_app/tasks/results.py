@@ -193,6 +193,36 @@ def many(conn, result_ids):
     return [_decode(result_id, found[result_id]) if result_id in found else None for result_id in result_ids]
 
 
+COUNT_CHUNK = 1000  # results whose status one round trip of status_counts reads
+
+
+def status_counts(conn, queue, statuses, budget=2.0, clock=None):
+    """``(counts, counted, total)`` of the results in ``queue``'s index, newest first: ``counts`` by status
+    (exact over the ``counted`` results still stored), ``total`` the index's size. One round trip per
+    COUNT_CHUNK results, until the index is read or ``budget`` seconds have gone; ``counted < total``
+    (less what expired) says the count stopped early."""
+    import time
+
+    clock = clock or time.monotonic
+    index, deadline = index_key(queue), clock() + budget
+    total = conn.zcard(index)
+    counts, counted, start = dict.fromkeys(statuses, 0), 0, 0
+    while start < total and clock() < deadline:
+        ids = [to_text(member) for member in conn.zrevrange(index, start, start + COUNT_CHUNK - 1)]
+        if not ids:
+            break
+        pipe = conn.pipeline(transaction=False)
+        for result_id in ids:
+            pipe.hget(key(result_id), "status")
+        for status in pipe.execute():
+            if status is not None:
+                status = to_text(status)
+                counts[status] = counts.get(status, 0) + 1
+            counted += 1  # expired ones too: they are read, just no longer there to count
+        start += len(ids)
+    return counts, counted, total
+
+
 RETRY_UNDER_WAY = "(being enqueued)"
 
 
@@ -220,9 +250,10 @@ def unclaim_retry(conn, result_id):
     conn.hdel(key(result_id), "retried_as")
 
 
-def ids(conn, queue, limit=100):
-    """The newest ``limit`` result ids enqueued to ``queue`` (some may have expired since)."""
-    return [to_text(member) for member in conn.zrevrange(index_key(queue), 0, limit - 1)]
+def ids(conn, queue, limit=100, start=0):
+    """The newest ``limit`` result ids enqueued to ``queue`` from rank ``start`` (0: the newest; some may
+    have expired since)."""
+    return [to_text(member) for member in conn.zrevrange(index_key(queue), start, start + limit - 1)]
 
 
 def _decode(result_id, raw):

@@ -294,3 +294,43 @@ def test_an_action_without_the_view_permission_is_403_and_shows_nothing(staff_cl
     assert client.post(url, {"action": action, "post": "yes"}).status_code == 403
     assert result.task.get_result(result.id).status == ("READY" if action == "cancel" else "FAILED")
     assert redis.xlen("tasks:default") == 1  # nothing enqueued either
+
+
+@pytest.mark.both_redis
+def test_the_list_pages_past_the_newest_200_and_counts_every_result_exactly(staff_client, jobs, redis):
+    from streams_app.tasks import enqueue_many
+
+    enqueued = enqueue_many(jobs.add, [((n, 0), {}) for n in range(450)])
+    for result in enqueued[:7]:  # seven of them FAILED, the oldest ones: past the first two pages
+        results.finished(redis, result.id, "FAILED", 60, error={"exception_class_path": "builtins.ValueError",
+                                                                 "traceback": "x"})
+    client = staff_client(VIEW)
+    page = client.get(TASKS, {"queue": "default"})
+    assert dict(page.context["counts"])["default"] == {"READY": 443, "RUNNING": 0, "SUCCESSFUL": 0, "FAILED": 7}
+    seen, start = [], None
+    for _ in range(5):
+        params = {"queue": "default"} if start is None else {"queue": "default", "start": start}
+        page = client.get(TASKS, params)
+        seen += [r["id"] for r in page.context["rows"]]
+        start = page.context["next_start"]
+        if start is None:
+            break
+    assert len(seen) == 450 and set(seen) == {r.id for r in enqueued}  # every result, each once, over 3 pages
+    assert seen[0] == enqueued[-1].id  # newest first
+    failed_only = client.get(TASKS, {"queue": "default", "status": "FAILED"})
+    assert {r["id"] for r in failed_only.context["rows"]} == {r.id for r in enqueued[:7]}
+    assert failed_only.context["next_start"] is None
+    html = client.get(TASKS, {"queue": "default", "start": "200"}).content.decode()
+    assert "older &rsaquo;" in html and ">newest</a>" in html
+    bad = client.get(TASKS, {"queue": "default", "start": "-3"}, follow=True)
+    assert bad.context["start"] == 0 and "showing the newest" in bad.content.decode()
+
+
+def test_counts_that_run_out_of_time_say_how_far_they_got(jobs, redis):
+    from streams_app.tasks import enqueue_many
+
+    enqueue_many(jobs.add, [((n, 0), {}) for n in range(2500)])
+    ticks = iter(range(100))  # a clock that moves 1 s per look: one chunk of 1,000 in a budget of 1.5 s
+    counts, counted, total = results.status_counts(redis, "default", ("READY",), budget=1.5,
+                                                   clock=lambda: next(ticks))
+    assert (counted, total) == (1000, 2500) and counts["READY"] == 1000
