@@ -84,6 +84,11 @@ def child_started(server, worker):
             if worker.booted:
                 raise
             worker.log.exception("Worker (pid:%s) could not load the application", os.getpid())
+            for listener in getattr(worker, "sockets", ()):  # the inherited listening sockets: closed, not warned about
+                try:
+                    listener.close()
+                except OSError:
+                    pass
             sys.exit(BOOT_FAILED)
 
     worker.init_process = init_process

@@ -161,6 +161,9 @@ class RegistrationSupervisor:
         self.delay = min(self.backoff_max, self.delay * 2)
 
     def _spawn(self):
+        previous = self.process
+        if previous is not None and previous.stdin is not None:
+            previous.stdin.close()  # the dead one's pipe: left to the collector it is a ResourceWarning
         self.process = subprocess.Popen(self.argv, cwd=self.cwd, stdin=subprocess.PIPE)
         self._spawned_at = self.clock()
         self._write_status("running")

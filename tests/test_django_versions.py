@@ -32,3 +32,12 @@ def test_mirror_admins_offer_no_delete_selected_on_either_version(rf, admin_user
         from django.contrib.admin import ActionLocation
 
         assert "delete_selected" not in model_admin.get_actions(request, action_location=ActionLocation.CHANGE_FORM)
+
+
+def test_the_web_boot_check_runs_the_system_checks_without_touching_a_database():
+    # No django_db mark: pytest-django refuses any database access here. Django 6.1's model checks open a
+    # connection unless told not to (the trial: a database that was unreachable aborted every HUP and kept
+    # any worker from booting). streams_app/app_check.py passes databases=[].
+    from streams_app.app_check import system_check_errors
+
+    assert system_check_errors() == []
