@@ -209,6 +209,10 @@ def to_task_result(record, task=None):
     """The Django TaskResult of a results record; ``task`` when the caller has it already."""
     if task is None:
         task = _resolve(record)
+    elif record["run_after"] is not None and task.run_after != record["run_after"]:
+        # The worker's Task is the function's; the result's run_after (a deferred run, a periodic tick)
+        # is what task_result.task.run_after must say in the task's context and Django's signals.
+        task = task.using(run_after=record["run_after"])
     result = TaskResult(
         task=task, id=record["id"], status=TaskResultStatus(record["status"]), enqueued_at=record["enqueued_at"],
         started_at=record["started_at"], last_attempted_at=record["last_attempted_at"],

@@ -281,8 +281,9 @@ def test_checks_accept_good_entries(settings, jobs):
     ({"task": "nowhere.tasks.job", "every": 5}, "E066", "not in an imported module or an installed app"),
     ({"task": "tests.testapp.tasks.add", "every": 5, "cron": "* * * * *"}, "E064", "not both"),
     ({"task": "tests.testapp.tasks.add"}, "E064", "not neither"),
-    ({"every": 0}, "E064", "above 0, not 0"),
-    ({"every": -1}, "E064", "above 0, not -1"),
+    ({"every": 0}, "E064", "1 or more, not 0"),
+    ({"every": -1}, "E064", "1 or more, not -1"),
+    ({"every": 0.001}, "E064", "1 or more, not 0.001"),
     ({"every": 5, "when": "often"}, "E064", "unknown key 'when'"),
     ({"every": 5, "catch_up": "some"}, "E064", "catch_up"),
     ({"every": 5, "args": "1, 2"}, "E064", "\"args\" must be a list"),
@@ -387,3 +388,23 @@ def test_while_redis_does_not_answer_the_scheduler_asks_again_only_every_few_sec
     clock.now += scheduler.OUTAGE_RETRY_MS / 1000
     one.tick()
     assert len(asked) == 2
+
+
+def test_a_name_with_a_slash_is_refused_by_the_checks(settings, jobs):
+    # The trial: "reports/daily" passed the checks, then the Schedules page answered 500 (its Run now address).
+    found = periodic_errors(settings, {"reports/daily": {"task": "tests.testapp.tasks.add", "every": 60}})
+    assert [error[0] for error in found] == ["streams_app.E064"] and "'/'" in found[0][1], found
+
+
+def test_the_task_sees_its_tick_as_run_after_in_its_context(jobs, redis):
+    # The trial: result.task.run_after was the tick, yet context.task_result.task.run_after was None.
+    from streams_app.tasks.backend import to_task_result
+
+    clock = Clock(1_000_000.0)
+    one = scheduler.Scheduler([entry()], clock=clock)
+    clock.now += 1.5
+    assert one.tick() == 1
+    [result_id] = stream_ids(redis)
+    record = results.get(redis, result_id)
+    assert record["run_after"] is not None
+    assert to_task_result(record, jobs.add).task.run_after == record["run_after"]
