@@ -94,6 +94,9 @@ def read(conn, stream):
     return parse(stream, conn.get(layout_key(stream)))
 
 
+DOWN_SECONDS = 5.0
+"""After a read of the layout failed (Redis down or hung), how long no read is tried for any stream: each
+try may cost ADMIN_REDIS_TIMEOUT, and a page or a worker's start asks for the layouts of many streams."""
 _cache = {}  # stream -> (monotonic time read, Layout or None)
 _lock = threading.Lock()
 _offline = threading.local()
@@ -122,22 +125,31 @@ def current(stream, conn=None, clock=time.monotonic):
         return None
     if now < _down_until[0]:  # Redis failed a moment ago: no new try (for any stream) until then
         return cached[1] if cached is not None else None
-    with _lock:
+    # One refresh at a time. While it runs, a caller that knows a layout goes on with it instead of
+    # waiting: a request, a health check or a publish must not queue behind a read of a hung Redis.
+    if not _lock.acquire(blocking=cached is None):
+        return cached[1]
+    try:
         cached = _cache.get(stream)
         if cached is not None and now - cached[0] < REFRESH_SECONDS:
             return cached[1]
         try:
             if conn is None:
-                from streams_app.connection import get_connection
+                # The admin's short timeout (ADMIN_REDIS_TIMEOUT), not the shared pool's: this read runs
+                # inside web requests, health checks and publishes, which a frozen Redis must not hold.
+                from streams_app.connection import web_connection
 
-                conn = get_connection()
+                conn = web_connection()
             value = read(conn, stream)
         except Exception:  # noqa: BLE001 - Redis down or not configured: keep what we knew
             # Keep what we knew; try again after a pause, not on every publish nor once per stream.
-            _down_until[0] = now + REFRESH_SECONDS
+            # From the failure's end, not the call's start: a read that timed out took longer than that.
+            _down_until[0] = clock() + DOWN_SECONDS
             return cached[1] if cached is not None else None
         _cache[stream] = (now, value)
         return value
+    finally:
+        _lock.release()
 
 
 def known():
