@@ -239,3 +239,10 @@ def test_the_backlog_metrics_follow_the_layout_with_each_partition_indexed_in_it
             conn.xack(name, "o", *[entry_id for entry_id, _ in entries])
     repartition("ordered", 4, say=lambda text: None)
     assert labelled() == {name: str(i) for i, name in enumerate(new)}
+
+
+def test_the_command_refuses_a_stream_nothing_knows(redis):
+    # The trial: "repartition nosuch 4" wrote a layout for a typo and exited 0.
+    with pytest.raises(CommandError, match="no stream 'nosuch'"):
+        call_command("repartition", "nosuch", "4")
+    assert not redis.exists("{nosuch}:layout")

@@ -25,6 +25,7 @@ class Command(ShoalCommand):
                 self.stdout.flush()
 
         try:
+            _known(stream)
             repartition(stream, count, say=say, wait=not no_wait)
         except StreamsError as exc:
             raise CommandError(str(exc)) from None
@@ -34,3 +35,22 @@ class Command(ShoalCommand):
         except TRANSIENT_ERRORS as exc:
             raise CommandError(f"Redis failed during the repartition ({exc}); nothing is lost: run the command "
                                f"again to finish it.") from None
+
+
+def _known(stream):
+    """CommandError for a stream nothing knows (a typo): not in STREAMS["PARTITIONS"], read by no @consumer,
+    and without a key in Redis, partitions and layout included. A trial's ``repartition nosuch 4`` wrote
+    a layout and exited 0."""
+    from streams_app import layout, partitions
+    from streams_app.connection import get_connection
+    from streams_app.registry import registered
+
+    declared = partitions.count(stream) > 1
+    consumed = any(spec.logical == stream for spec in registered())
+    if declared or consumed:
+        return
+    conn = get_connection()
+    if conn.exists(layout.layout_key(stream)) or any(conn.exists(name) for name in partitions.names(stream)):
+        return
+    raise CommandError(f"no stream {stream!r}: it is not in STREAMS['PARTITIONS'], no @consumer reads it, and Redis "
+                       "holds no such stream. Check the name (a logical stream, e.g. orders, not a partition).")
