@@ -21,6 +21,7 @@ from shoal_common.redis_errors import is_missing
 from streams_app import layout, partitions
 from streams_app.admin.mirror import entry_sort_key
 from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
+from streams_app.admin.support import page_context
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
 
@@ -49,12 +50,6 @@ def _declared(request, parameter="name"):
     if not partitions.is_partitioned(name):
         raise Http404(f"{name!r} is not a partitioned stream (STREAMS['PARTITIONS'])")
     return name, partitions.names(name)
-
-
-def _context(model_admin, request, title):
-    request.current_app = model_admin.admin_site.name
-    return {**model_admin.admin_site.each_context(request), "title": title, "subtitle": None,
-            "opts": model_admin.model._meta}
 
 
 def logical_stream(model_admin, request):
@@ -89,7 +84,7 @@ def logical_stream(model_admin, request):
             "pending_url": logical_pending_url(name, group_name),
         })
     context = {
-        **_context(model_admin, request, f"Logical stream {name}"),
+        **page_context(model_admin, request, f"Logical stream {name}"),
         "mirror": mirror,
         "name": name,
         "partitions": parts,
@@ -137,7 +132,7 @@ def logical_pending(model_admin, request):
     merged.sort(key=lambda entry: (entry_sort_key(entry["id"]), entry["index"]))
     total = sum(p["pending"] or 0 for p in per_partition)
     context = {
-        **_context(model_admin, request, f"Pending entries of {group} on {name}"),
+        **page_context(model_admin, request, f"Pending entries of {group} on {name}"),
         "mirror": mirror,
         "unreachable": unreachable,
         "name": name,

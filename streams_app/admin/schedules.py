@@ -21,7 +21,7 @@ from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from streams_app.admin.support import confirmation, log_actions
+from streams_app.admin.support import confirmation, log_actions, page_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.models import PeriodicSchedule
@@ -64,10 +64,7 @@ class SchedulesPage:
         ]
 
     def _context(self, request, title, **extra):
-        model_admin = self.model_admin
-        request.current_app = model_admin.admin_site.name
-        return {**model_admin.admin_site.each_context(request), "title": title, "subtitle": None,
-                "opts": model_admin.model._meta, **extra}
+        return page_context(self.model_admin, request, title, **extra)
 
     def list_view(self, request):
         if not self.model_admin.has_view_permission(request):

@@ -26,3 +26,10 @@ def pretty_json(text):
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         return text
+
+
+def page_context(model_admin, request, title, **extra):
+    """The template context of one of the control room's own pages (not a changelist of a table)."""
+    request.current_app = model_admin.admin_site.name
+    return {**model_admin.admin_site.each_context(request), "title": title, "subtitle": None,
+            "opts": model_admin.model._meta, **extra}

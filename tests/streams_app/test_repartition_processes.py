@@ -89,14 +89,20 @@ def start(run_consumer, ordered_streams):
 STREAMS = {"PARTITIONS": {"ordered": 4}, **LEASES}
 
 
-def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_consumer):
+def consuming_and_publishing(run_consumer, redis, ordered4, seconds):
+    """``runconsumer --workers 2`` holding the 4 leases, and a Producer that has published for ``seconds``."""
     consumers = start(run_consumer, STREAMS)
     wait_for(lambda: redis.exists(*[f"{{{p}}}:lease:o" for p in ordered4]) == 4, timeout=90,
              what="the workers to hold the 4 leases")
     producer = Producer(pause=0.003)
     began = time.monotonic()
     producer.start()
-    wait_for(lambda: time.monotonic() - began >= 8, timeout=20, what="8 seconds of publishing")
+    wait_for(lambda: time.monotonic() - began >= seconds, timeout=20, what=f"{seconds} seconds of publishing")
+    return consumers, producer
+
+
+def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_consumer):
+    consumers, producer = consuming_and_publishing(run_consumer, redis, ordered4, 8)
     command = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
     switched = time.monotonic()
     assert command.wait(timeout=240) == 0, command.output()
@@ -126,13 +132,7 @@ def test_done_when_4_to_8_while_publishing_and_consuming(ordered4, redis, run_co
 
 
 def test_sigkills_of_a_worker_and_of_the_command_during_the_change(ordered4, redis, run_consumer):
-    consumers = start(run_consumer, STREAMS)
-    wait_for(lambda: redis.exists(*[f"{{{p}}}:lease:o" for p in ordered4]) == 4, timeout=90,
-             what="the workers to hold the 4 leases")
-    producer = Producer(pause=0.003)
-    began = time.monotonic()
-    producer.start()
-    wait_for(lambda: time.monotonic() - began >= 5, timeout=20, what="5 seconds of publishing")
+    consumers, producer = consuming_and_publishing(run_consumer, redis, ordered4, 5)
     first = run_consumer("ordered", "8", command="repartition", streams=STREAMS)
     first.wait_for_output("switch:", timeout=60)
     first.kill()  # killed between the switch and the seal: the lock lapses, a new run resumes
