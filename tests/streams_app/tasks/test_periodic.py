@@ -260,7 +260,7 @@ def test_runconsumer_schedules_only_the_entries_of_the_queues_it_runs(settings, 
 def periodic_errors(settings, table, **backend):
     settings.TASKS = {"default": {"BACKEND": "streams_app.tasks.StreamsBackend", "QUEUES": ["default", "emails"],
                                   "OPTIONS": {"PERIODIC": table}, **backend}}
-    return [(error.id, error.msg, error.hint) for error in run_checks()
+    return [(error.id, error.msg, error.hint) for error in run_checks(databases=[])
             if error.id.startswith("streams_app.E06") and error.id >= "streams_app.E064"]
 
 
