@@ -210,10 +210,15 @@ def test_the_master_forks_its_workers_from_one_thread(site, servers):
     wait_for(lambda: server.answers("/shop/") == 200, timeout=120, what="the host's gunicorn serving /shop/")
     assert "Discovery registration started" in server.output()
     booted = server.output().count("Booting worker")
-    # Forks of every kind: the first workers, recycled ones, and a rollout's.
-    for _ in range(100):
+    # Forks of every kind: the first workers, recycled ones, and a rollout's. Requests until two workers
+    # were recycled: how many that takes depends on which worker accepts each (a fixed 100 could all but
+    # miss the second worker while the first one's replacement was booting).
+
+    def recycled_twice():
         assert get(server.port, "/shop/")[0] == 200
-    wait_for(lambda: server.output().count("Booting worker") >= booted + 2, timeout=60, what="recycled workers")
+        return server.output().count("Booting worker") >= booted + 2
+
+    wait_for(recycled_twice, timeout=120, interval=0, what="two workers recycled after max_requests (20)")
     assert hup_and_wait(server) == "Rollout complete", server.output()[-4000:]
     assert FORK_WARNING not in server.output(), server.output()[-4000:]
 
