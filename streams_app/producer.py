@@ -90,6 +90,12 @@ def encode_message(payload: Any, *, key: str | None = None, headers: Mapping[str
     return _MessageEncoder(headers, codec)(payload, key)
 
 
+def message_encoder(headers: Mapping[str, Any] | None = None, codec: str | None = None) -> _MessageEncoder:
+    """``encode_message`` for many messages that share ``headers`` and ``codec``: call it with
+    ``(payload, key=None)``; what they share is worked out once."""
+    return _MessageEncoder(headers, codec)
+
+
 class _MessageEncoder:
     """``encode_message`` for the messages of one publish call, which share headers, codec and limit.
 

@@ -13,7 +13,6 @@ import logging
 import secrets
 from datetime import timedelta
 
-import redis
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -25,7 +24,7 @@ from streams_app.connection import get_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.producer import diverted, publish
 from shoal_common.redisconn import is_cluster
-from streams_app.tasks import counting, messages, options, results, retries
+from streams_app.tasks import counting, messages, options, results, retries, sending
 from streams_app.tasks.lookup import find_task
 from streams_app.tasks.api import (
     BaseTaskBackend,
@@ -102,7 +101,8 @@ class StreamsBackend(BaseTaskBackend):
             self._enqueued(result)
             return result
         conn = get_connection()
-        if task.run_after is None and not is_cluster(conn) and self._send(conn, [(result, stream, payload, record)]):
+        if (task.run_after is None and not tracing.active() and not is_cluster(conn)
+                and self._send(conn, [(result, stream, payload, record)])):
             self._enqueued(result)
             return result
         results.create(conn, record, ttl)
@@ -129,31 +129,20 @@ class StreamsBackend(BaseTaskBackend):
         return result, stream, payload, record
 
     def _send(self, conn, prepared):
-        """The READY results and messages of ``prepared`` in one MULTI/EXEC round trip (one Redis
-        server: a result and its queue's stream are in different cluster slots). True when written;
-        False when Redis refused it, every result written taken back (the caller's one-by-one path
-        then raises Redis's reason as ``publish`` words it)."""
-        pipe = conn.pipeline(transaction=True)
-        ttl = self.config["RESULT_TTL"]
-        for result, stream, payload, record in prepared:
-            results.create(conn, record, ttl, pipeline=pipe)
-            publish(stream, payload, key=result.id, pipeline=pipe)
-        try:
-            pipe.execute()
-        except redis.ResponseError:  # a command inside EXEC failed (a stream key of another type): undo all
-            for result, _stream, _payload, record in prepared:
-                results.discard(conn, result.id, record["queue"])
-            return False
-        return True
+        """The READY results and messages of ``prepared`` in one round trip (streams_app/tasks/sending.py).
+        True when written; False when Redis refused them, nothing written (the caller's one-by-one
+        path then raises Redis's reason as ``publish`` words it)."""
+        return sending.send(conn, prepared, self.config["RESULT_TTL"]) is not None
 
     def enqueue_many(self, task, calls):
         """``enqueue(task, args, kwargs)`` for each (args, kwargs) of ``calls``: one TaskResult each, in
-        order, and one round trip per BULK_BATCH tasks (MULTI/EXEC: each batch whole or not at all).
+        order, and one round trip per BULK_BATCH tasks (one script: each batch whole or not at all).
         Everything is validated before anything is written. A deferred task (run_after), OPTIONS
-        OUTBOX, a test's capture_publishes and a cluster enqueue one by one."""
+        OUTBOX, a test's capture_publishes, tracing and a cluster enqueue one by one."""
         self.validate_task(task)
         prepared = [self._prepared(task, args, kwargs) for args, kwargs in calls]
-        conn = None if diverted() or self.config["OUTBOX"] or task.run_after is not None else get_connection()
+        one_by_one = diverted() or self.config["OUTBOX"] or task.run_after is not None or tracing.active()
+        conn = None if one_by_one else get_connection()
         if conn is None or is_cluster(conn):
             return [self.enqueue(task, result.args, result.kwargs) for result, *_ in prepared]
         done = []

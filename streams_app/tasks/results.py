@@ -79,14 +79,21 @@ def create(conn, record, ttl, pipeline=None):
     now = time.time()
     index = index_key(record["queue"])
     pipe.zadd(index, {record["id"]: int(now * 1000)})
-    # The index's expired ids are trimmed, and its own expiry pushed back, once a second per queue and
-    # process, not by every enqueue: ids older than RESULT_TTL stay at most a second longer.
-    if now - _index_kept.get(index, 0) >= 1:
-        _index_kept[index] = now
+    if index_trim_due(index, now):
         pipe.zremrangebyscore(index, "-inf", int(now * 1000) - ttl * 1000)
         pipe.expire(index, ttl)
     if pipeline is None:
         pipe.execute()
+
+
+def index_trim_due(index, now):
+    """Whether this write to ``index`` also trims its expired ids and pushes its own expiry back (and
+    the caller then does): once a second per queue and process, not by every enqueue, so ids older
+    than RESULT_TTL stay at most a second longer."""
+    if now - _index_kept.get(index, 0) >= 1:
+        _index_kept[index] = now
+        return True
+    return False
 
 
 def encoded(record):

@@ -140,7 +140,9 @@ def test_enqueue_is_one_round_trip(jobs, redis):
     redis.config_resetstat()
     result = jobs.add.enqueue(1, 2)
     found = calls(redis)
-    assert found.get("multi") == 1 and found.get("exec") == 1 and found.get("xadd") == 1
+    # One script (streams_app/lua/task_enqueue.lua): the commands it runs count, no MULTI around them.
+    assert found.get("evalsha") == 1 and found.get("xadd") == 1 and found.get("hset") == 1
+    assert "multi" not in found and "exec" not in found
     assert jobs.add.get_result(result.id).status == "READY"
 
 
@@ -148,7 +150,7 @@ def test_enqueue_many_writes_one_result_per_task_in_one_round_trip(jobs, redis):
     jobs.add.enqueue(0, 0)
     redis.config_resetstat()
     enqueued = enqueue_many(jobs.add, [((n,), {"b": n}) for n in range(10)])
-    assert calls(redis).get("exec") == 1 and calls(redis).get("xadd") == 10
+    assert calls(redis).get("evalsha") == 1 and calls(redis).get("xadd") == 10
     assert [r.args for r in enqueued] == [[n] for n in range(10)]
     assert all(jobs.add.get_result(r.id).status == "READY" for r in enqueued)
     run_chunk(QueueHandler("default"), delivered(redis)[1:])
@@ -235,3 +237,13 @@ def test_the_queue_index_is_trimmed_once_a_second_not_by_every_enqueue(jobs, red
     third = jobs.add.enqueue(3, 3)
     members = redis.zrange(index, 0, -1)
     assert "expired2" not in members and {first.id, second.id, third.id} <= set(members)
+
+
+def test_a_results_index_of_another_type_refuses_the_batch_with_nothing_written(jobs, redis):
+    # The enqueue script checks every stream and index before its first write: no message whose
+    # result could not be indexed, no result without its message.
+    redis.set("shoal:tasks:{default}:results", "not a sorted set")
+    with pytest.raises(EnqueueManyError) as caught:
+        enqueue_many(jobs.add, [((1,), {"b": 2}), ((3,), {"b": 4})])
+    assert caught.value.enqueued == []
+    assert not redis.exists("tasks:default") and not redis.keys("shoal:task:*")
