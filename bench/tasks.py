@@ -15,6 +15,11 @@ Both are timed from outside the same way: from the first entry read by the group
 acked. For tasks the rate from the results' own times (first ``started_at`` to last ``finished_at``)
 is printed too: the measure the other backends get.
 
+``--django-tasks-redis`` (a venv with Django 6 and django-tasks-redis; bench/README.md says how to make
+one) adds, per rep, the same no-op task on django-tasks-redis (its ``run_redis_tasks`` worker, which
+exits once its queue is empty, on the same Redis), timed from its results' first ``started_at`` to last
+``finished_at``, and its enqueue rate, beside the Shoal figures of the same rep.
+
 ``--others`` (run with a venv that has django-tasks-db and django-tasks-rq, e.g.
 ``/tmp/benchvenv/bin/python bench/tasks.py --others``) adds, per rep, the same no-op task on
 django-tasks-db (``db_worker``, a SQLite file of its own) and django-tasks-rq (``rqworker --burst`` on
@@ -34,6 +39,7 @@ from common import cpu_seconds, group_progress, manage, setup_django, start_redi
 
 SETTINGS = "bench.tasks_settings"
 OTHERS_SETTINGS = "bench.tasks_others_settings"
+DTR_SETTINGS = "bench.tasks_dtr_settings"
 KINDS = {
     # kind: (plain stream, task name, task queue)
     "no-op": ("tasks_noop", "noop", "bnoop"),
@@ -143,17 +149,39 @@ def rq_tasks(url, total):
     return own_rate([{"started_at": r.started_at, "finished_at": r.finished_at} for r in found]), enqueue_rate
 
 
+def dtr_tasks(url, total):
+    """django-tasks-redis: enqueue ``total`` no-op tasks, run ``run_redis_tasks`` (it exits once the queue is empty)."""
+    from bench.benchapp import peer_tasks
+
+    started = time.perf_counter()
+    ids = [peer_tasks.dtr_noop.enqueue(n).id for n in range(total)]
+    enqueue_rate = total / (time.perf_counter() - started)
+    proc = manage("run_redis_tasks", "--backend", "dtr", "--queue", "dtrnoop", redis_url=url,
+                  env={"DJANGO_SETTINGS_MODULE": SETTINGS}, stdout=subprocess.DEVNULL)
+    assert proc.wait(300) == 0
+    found = [peer_tasks.dtr_noop.get_result(i) for i in ids]
+    assert all(r.status == "SUCCESSFUL" for r in found), found[0].status
+    return own_rate([{"started_at": r.started_at, "finished_at": r.finished_at} for r in found]), enqueue_rate
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--others", action="store_true",
                         help="also django-tasks-db and django-tasks-rq (a venv with both installed)")
+    parser.add_argument("--django-tasks-redis", action="store_true",
+                        help="also django-tasks-redis (a venv with Django 6 and django-tasks-redis)")
     parser.add_argument("--others-tasks", type=int, default=1000, help="tasks per run of the other backends")
     args = parser.parse_args()
     global SETTINGS
+    if args.others and args.django_tasks_redis:
+        parser.error("--others and --django-tasks-redis need different venvs: give one of them")
+    if args.django_tasks_redis:
+        SETTINGS = DTR_SETTINGS
     if args.others:
         SETTINGS = OTHERS_SETTINGS
+    if args.others or args.django_tasks_redis:
         os.environ["BENCH_TASKS_DB"] = os.path.join(tempfile.mkdtemp(prefix="shoal-bench-tasks-"), "db.sqlite3")
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
     server = start_redis()
@@ -181,8 +209,10 @@ def main():
                       f"  enqueue {enqueue_rate[0]:,.0f}/s  enqueue_many {enqueue_rate[1]:,.0f}/s"
                       f"  (t) by its results' times {t_own:,.0f}/s"
                       f"  load {os.getloadavg()[0]:.1f}")
-            if args.others:
-                for name, run in (("django-tasks-db", db_tasks), ("django-tasks-rq", rq_tasks)):
+            others = ((("django-tasks-db", db_tasks), ("django-tasks-rq", rq_tasks)) if args.others else
+                      (("django-tasks-redis", dtr_tasks),) if args.django_tasks_redis else ())
+            if others:
+                for name, run in others:
                     rate, enqueue_rate = run(server.url, args.others_tasks)
                     print(f"rep {rep} no-op       {name}: {rate:>8,.0f}/s by its results' times"
                           f"  ({args.others_tasks} tasks)  enqueue {enqueue_rate:,.0f}/s  load {os.getloadavg()[0]:.1f}")
