@@ -6,3 +6,4 @@ from shoal_common.lua import LuaScripts
 _scripts = LuaScripts(Path(__file__).resolve().parent / "lua")
 source = _scripts.source
 run = _scripts.run
+sha = _scripts.sha
