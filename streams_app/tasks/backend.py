@@ -13,7 +13,6 @@ import logging
 import secrets
 from datetime import timedelta
 
-
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction

@@ -41,7 +41,8 @@ def send(conn, prepared, ttl):
         positions[name] = position
     now = time.time()
     names = list(tasks[0][4]) if tasks else []
-    args = [ttl, int(now * 1000), "1" if any(results.index_trim_due(index, now) for index in indexes) else "0",
+    trim = [results.index_trim_due(index, now) for index in indexes]  # each marked: the script trims them all
+    args = [ttl, int(now * 1000), "1" if any(trim) else "0",
             len(streams), len(streams) + len(indexes), len(names), *names]
     keys = streams + indexes
     for stream, index, result_id, enqueued_at, hash_fields, fields in tasks:
