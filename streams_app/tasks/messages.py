@@ -13,6 +13,8 @@ event loop (``runconsumer tasks:Q:async:workers``). The payload is a JSON object
 ``args`` and ``kwargs`` are normalised as Django's TaskResult does (tuples become lists, bytes text);
 what is not JSON raises TypeError or ValueError at enqueue, before anything is written.
 """
+from datetime import datetime
+
 from streams_app.exceptions import RejectMessage
 from streams_app.registry import band_stream
 
@@ -52,6 +54,20 @@ def payload(result):
     return {"id": result.id, "task": task.module_path, "backend": result.backend, "queue": task.queue_name,
             "priority": task.priority, "takes_context": task.takes_context, "args": result.args,
             "kwargs": result.kwargs}
+
+
+def moment(data, name):
+    """The aware time a message carries under ``name`` (a periodic tick's ``run_after``, written for a
+    worker that finds no result to start), or None when it carries none or none it can read: a result is
+    still written then, only without that time."""
+    value = data.get(name)
+    if not isinstance(value, str):
+        return None
+    try:
+        found = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return found if found.tzinfo is not None else None
 
 
 def parse(data):

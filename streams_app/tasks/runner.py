@@ -133,7 +133,8 @@ class Attempt:
         if self.record is None:  # an outbox enqueue (READY written after the commit) or an expired result
             results.create(self.conn, {**{name: data.get(name) for name in (
                 "id", "task", "backend", "queue", "priority", "takes_context", "args", "kwargs")},
-                "enqueued_at": None, "run_after": None}, ttl)
+                "enqueued_at": messages.moment(data, "enqueued_at"),
+                "run_after": messages.moment(data, "run_after")}, ttl)
             self.record = results.started(self.conn, data["id"], self.message.consumer, ttl)
         if self.record["cancelled"]:  # streams_app.tasks.cancel: never started, acked unrun
             logger.info("Task %s (result %s) was cancelled: not run", data["task"], data["id"])

@@ -83,6 +83,11 @@ def enqueue_tick(conn, entry, tick, now_ms=None):
     rid = result_id(entry, tick)
     object.__setattr__(result, "id", rid)
     payload["id"] = record["id"] = rid
+    # The message carries the tick's times too: on a cluster the READY result is written after the
+    # claim, so a scheduler SIGKILLed in between, or a worker quicker than it, leaves the worker to
+    # write the result from the message alone (runner.py), and run_after must still be the tick.
+    payload["run_after"] = record["run_after"].isoformat()
+    payload["enqueued_at"] = record["enqueued_at"].isoformat()
     partitions.ensure_recorded(conn, logical)
     stream = _stream(entry, task)
     claim = f"{keys.hash_tag(stream)}:periodic:{entry.alias}:{entry.name}"

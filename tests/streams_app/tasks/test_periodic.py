@@ -408,3 +408,23 @@ def test_the_task_sees_its_tick_as_run_after_in_its_context(jobs, redis):
     record = results.get(redis, result_id)
     assert record["run_after"] is not None
     assert to_task_result(record, jobs.add).task.run_after == record["run_after"]
+
+
+@pytest.mark.both_redis
+def test_a_tick_whose_result_was_never_written_runs_with_its_tick_as_run_after(jobs, redis):
+    # CI on a cluster: the result is written after the claim script, so a scheduler SIGKILLed in between
+    # (or a worker quicker than it) left the worker writing the result from the message: run_after None.
+    from streams_app.message import Message
+    from streams_app.tasks.runner import run_message
+
+    clock = Clock(1_000_000.0)
+    one = scheduler.Scheduler([entry()], clock=clock)
+    clock.now += 1.5
+    assert one.tick() == 1
+    [result_id] = stream_ids(redis)
+    tick = results.get(redis, result_id)["run_after"]
+    redis.delete(results.key(result_id))
+    [(entry_id, fields)] = redis.xrange("tasks:default")
+    run_message("default", Message(entry_id, "tasks:default", "workers", fields, deliveries=1, consumer="w-1"))
+    record = results.get(redis, result_id)
+    assert record["status"] == "SUCCESSFUL" and record["run_after"] == tick and record["enqueued_at"] is not None
