@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import datetime
-import json
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.exceptions import AskError, MovedError
 
-from streams_app import codec as codecs
 from streams_app import partitions, scheduled, tracing
-from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
 from streams_app.connection import (
@@ -20,12 +17,14 @@ from streams_app.connection import (
 )
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
 from streams_app.keys import key_type
+from streams_app.encoding import Fields, encode_message, encode_payload, message_encoder
 from streams_app.message import IDEMPOTENCY_ID_FIELD
-from streams_app.names import utf8_size, validate_stream_name
+from streams_app.names import validate_stream_name
+
+__all__ = ["publish", "publish_many", "encode_message", "encode_payload", "message_encoder", "set_publish_hook",
+           "diverted"]  # the encoders live in streams_app.encoding; their old home still names them
 
 _PIPELINE_CHUNK = 1000
-
-Fields = dict[str, Any]  # one entry's fields as XADD stores them (text, or the codec's bytes)
 # hook(stream, entries, using) -> entry ids (see set_publish_hook)
 PublishHook = Callable[[str, list[Fields], "str | None"], list[str]]
 
@@ -51,98 +50,6 @@ def diverted() -> bool:
     """True while a publish hook is set (a test's capture_publishes): code that writes to Redis beside a
     publish (a task backend's result record) skips that write too, so a captured test needs no Redis."""
     return _publish_hook is not None
-
-
-def _to_json(value: Any, what: str) -> str:  # what: "headers are"
-    """Compact JSON text of ``value``; PublishError for what JSON cannot hold (NaN, Infinity, objects)."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        if "Out of range float" not in str(exc):
-            raise PublishError(f"{what} not JSON-serialisable: {exc}") from None
-        # Python's json writes them as bare NaN/Infinity, which no JSON parser of a consumer accepts.
-        raise PublishError(f"{what} not JSON-serialisable: it holds NaN or Infinity (a number "
-                           "such as 1e999 reads as Infinity), which JSON cannot represent") from None
-    except TypeError as exc:
-        raise PublishError(f"{what} not JSON-serialisable: {exc}") from None
-
-
-def encode_payload(payload: Any, codec: str | None = None, limit: int | None = None) -> tuple[bytes, str | None, int]:
-    """(payload bytes, ``payload_types`` text or None, size in bytes) of ``payload``; PublishError for what
-    cannot be one (not JSON, NaN/Infinity, a lone surrogate, over MAX_PAYLOAD_BYTES). Publish and replay share it."""
-    body, types = codecs.encode(payload, codec)
-    if limit is None:
-        limit = setting("MAX_PAYLOAD_BYTES")
-    size = len(body)  # bytes already: the size is exact
-    if size > limit:
-        raise PublishError(f"payload is {size} bytes, over the limit of {limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
-    if types is not None:
-        size += utf8_size(types, "payload types")
-    return body, types, size
-
-
-def encode_message(payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | None = None,
-                   codec: str | None = None) -> Fields:
-    """The fields of one entry. Raises PublishError for input that cannot be a message.
-
-    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
-    """
-    return _MessageEncoder(headers, codec)(payload, key)
-
-
-def message_encoder(headers: Mapping[str, Any] | None = None, codec: str | None = None) -> _MessageEncoder:
-    """``encode_message`` for many messages that share ``headers`` and ``codec``: call it with
-    ``(payload, key=None)``; what they share is worked out once."""
-    return _MessageEncoder(headers, codec)
-
-
-class _MessageEncoder:
-    """``encode_message`` for the messages of one publish call, which share headers, codec and limit.
-
-    What cannot differ between them is worked out once per call, not once per message: the size
-    limit, the headers' JSON (after the first message's payload, so that a message with a bad
-    payload and bad headers is refused for its payload, as one at a time) and the clock's text
-    (per millisecond). publish_many of small payloads spends a few µs per message in all.
-    """
-
-    def __init__(self, headers: Mapping[str, Any] | None, codec: str | None) -> None:
-        self.headers, self.codec = headers, codec
-        self.limit: int = setting("MAX_PAYLOAD_BYTES")
-        self._headers_json: str | None = None
-        self._headers_size = 0
-        self._ms: int | None = None
-        self._ms_text = ""
-
-    def __call__(self, payload: Any, key: str | None = None) -> Fields:
-        body, types, size = encode_payload(payload, self.codec, self.limit)
-        ms = int(time.time() * 1000)
-        if ms != self._ms:
-            self._ms, self._ms_text = ms, str(ms)
-        fields: Fields = {"payload": body, "published_at": self._ms_text}
-        if types is not None:
-            fields[codecs.TYPES_FIELD] = types
-        if key is not None:
-            if not isinstance(key, str) or not key:
-                raise PublishError(f"key must be a non-empty string, not {key!r}")
-            fields["key"] = key
-            size += utf8_size(key, "key")
-        if self.headers:
-            if self._headers_json is None:
-                self._encode_headers()
-            fields["headers"] = self._headers_json
-            size += self._headers_size
-        if size > self.limit:
-            # The limit protects Redis and every consumer's memory: key and headers count as much as the payload.
-            raise PublishError(f"entry is {size} bytes (payload, its types, key and headers), over the limit of "
-                               f"{self.limit} (STREAMS['MAX_PAYLOAD_BYTES'])")
-        return fields
-
-    def _encode_headers(self) -> None:
-        if not isinstance(self.headers, dict):
-            raise PublishError(f"headers must be a dict, not {type(self.headers).__name__}")
-        text = _to_json(self.headers, "headers are")
-        self._headers_size = utf8_size(text, "headers")
-        self._headers_json = text
 
 
 def _xadd(conn: Any, stream: str, fields: Fields, maxlen: int | None) -> Any:
@@ -227,56 +134,104 @@ def publish(stream: str, payload: Any, *, key: str | None = None, headers: Mappi
     raise NotReplicatedError (with the stored ``id``) when fewer confirm in time. Replication is
     asynchronous otherwise: an entry a master acknowledged and then lost in a crash is gone.
     """
-    args = (stream, payload, key, maxlen, pipeline, codec, outbox, using, replicas, replicas_timeout_ms, run_after)
+    options = (stream, maxlen, codec, outbox, using, pipeline, replicas, replicas_timeout_ms, run_after)
     if not tracing.active():
-        return _publish(headers, *args)
+        return _publish(_plan(*options), payload, key, headers)
     with tracing.publishing(stream, headers, outbox=outbox) as traced:
-        entry_id = _publish(traced.headers, *args)
+        # Planned inside the span: a publish refused for its options is a failed span, as one refused for its payload.
+        entry_id = _publish(_plan(*options), payload, key, traced.headers)
         if not outbox:  # an outbox publish returns the message key: the entry does not exist yet
             traced.sent(entry_id)
         return entry_id
 
 
-def _publish(headers: Mapping[str, Any] | None, stream: str, payload: Any, key: str | None, maxlen: int | None,
-             pipeline: Any, codec: str | None, outbox: bool, using: str, replicas: int | None,
-             replicas_timeout_ms: int, run_after: datetime.datetime | datetime.timedelta | None) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A publish call's options, checked once and resolved to the one road its messages take to their write.
+
+    ``road``: "outbox" (a row in the caller's transaction), "hook" (a test's capture_publishes),
+    "pipeline" (queued on the caller's pipeline), "deferred" (the scheduled set, by a script),
+    "replicated" (XADD then WAIT on one connection) or "direct" (XADD, or a MULTI of them).
+    """
+
+    road: str
+    stream: str
+    maxlen: int | None
+    codec: str | None
+    using: str
+    pipeline: Any
+    replicas: int | None
+    replicas_timeout_ms: int
+    due: Any  # scheduled.Due, or None: now
+
+
+def _plan(stream: str, maxlen: int | None, codec: str | None, outbox: bool, using: str, pipeline: Any,
+          replicas: int | None, replicas_timeout_ms: int,
+          run_after: datetime.datetime | datetime.timedelta | None) -> _Plan:
+    """Every option checked, in the order a caller meets their errors, before any message is encoded."""
     validate_stream_name(stream)
     _check_replicas(replicas, outbox, replicas_timeout_ms)
     if replicas is not None and pipeline is not None:
         raise PublishError("replicas= cannot be used with pipeline=: WAIT must follow the write on its connection")
     _check_maxlen(maxlen)
     due = _due(run_after, pipeline)
+    if outbox and pipeline is not None:
+        raise PublishError("outbox=True writes to the database, not to a Redis pipeline: pass one or the other")
     if outbox:
-        return _to_outbox(stream, [payload], [key], headers, maxlen, using, pipeline, codec, due)[0]
-    fields = encode_message(payload, key=key, headers=headers, codec=codec)
-    if _publish_hook is not None:
-        return _publish_hook(stream, [fields], None)[0]
-    logical = stream
+        road = "outbox"
+    elif _publish_hook is not None:
+        road = "hook"
+    elif pipeline is not None:
+        road = "pipeline"
+    elif due is not None:
+        road = "deferred"
+    elif replicas is not None:
+        road = "replicated"
+    else:
+        road = "direct"
+    return _Plan(road, stream, maxlen, codec, using, pipeline, replicas, replicas_timeout_ms, due)
+
+
+def _publish(plan: _Plan, payload: Any, key: str | None, headers: Mapping[str, Any] | None) -> str | None:
+    stream, maxlen = plan.stream, plan.maxlen
+    if plan.road == "outbox":
+        return _to_outbox(plan, [payload], [key], headers)[0]
+    fields = encode_message(payload, key=key, headers=headers, codec=plan.codec)
+    if plan.road == "hook":
+        return _publish_hook(stream, [fields], None)[0]  # type: ignore[misc]  # the road says it is set
     conn = get_connection()  # once: django-redis's lookup costs a few µs of a ~40 µs publish
-    # Once per process and stream: also refuses a plain publish to a stream recorded as partitioned.
-    if len(partitions.ensure_recorded(conn, logical)) > 1:
-        # By the key's CRC-32 (same partition in every process), round-robin without a key.
-        stream = partitions.route(logical, key)
-    if pipeline is not None:
-        _xadd_on_callers_pipeline(pipeline, stream, fields, maxlen)
+    targets = _targets(conn, stream, [key])
+    if targets is not None:
+        stream = targets[0]
+    if plan.road == "pipeline":
+        _xadd_on_callers_pipeline(plan.pipeline, stream, fields, maxlen)
         return None
-    if due is not None:
-        if replicas is not None:
-            _check_wait_fits(conn, stream, replicas_timeout_ms)
+    if plan.replicas is not None:
+        _check_wait_fits(conn, stream, plan.replicas_timeout_ms)
+    if plan.road == "deferred":
         try:
-            return scheduled.publish_deferred(conn, [stream], [fields], maxlen, due, replicas, replicas_timeout_ms)[0]
+            return scheduled.publish_deferred(conn, [stream], [fields], maxlen, plan.due, plan.replicas,
+                                              plan.replicas_timeout_ms)[0]
         except scheduled.Interrupted as exc:
             raise exc.cause from None  # as a direct publish raises Redis's error
     try:
-        if replicas is not None:
-            _check_wait_fits(conn, stream, replicas_timeout_ms)
-            return _publish_replicated(conn, stream, fields, maxlen, replicas, replicas_timeout_ms)
+        if plan.road == "replicated":
+            return _publish_replicated(conn, stream, fields, maxlen, plan.replicas, plan.replicas_timeout_ms)  # type: ignore[arg-type]  # the road says replicas is set
         entry_id = _xadd(conn, stream, fields, maxlen)
     except redis.ResponseError as exc:
         if not is_wrongtype(exc):
             raise
         raise _not_a_stream(conn, stream) from None
     return to_text(entry_id)
+
+
+def _targets(conn: Any, stream: str, keys: list[str | None]) -> list[str] | None:
+    """Each message's partition when ``stream`` is partitioned (by the key's CRC-32, the same in every
+    process; round-robin without a key), else None. Once per process and stream this also refuses a plain
+    publish to a stream recorded as partitioned."""
+    if len(partitions.ensure_recorded(conn, stream)) > 1:
+        return [partitions.route(stream, key) for key in keys]
+    return None
 
 
 def _due(run_after: datetime.datetime | datetime.timedelta | None, pipeline: Any = None) -> Any:
@@ -347,24 +302,19 @@ def publish_many(stream: str, payloads: Iterable[Any], *, keys: Iterable[str | N
     entries, once, after its last batch, until n of its replicas have them; raise
     NotReplicatedError (``ids`` stored, ``unconfirmed`` indexes) when fewer confirm in time.
     """
+    options = (stream, maxlen, codec, outbox, using, None, replicas, replicas_timeout_ms, run_after)
     if not tracing.active():
-        return _publish_many(stream, payloads, keys, headers, maxlen, codec, outbox, using, replicas,
-                             replicas_timeout_ms, run_after)
+        return _publish_many(_plan(*options), payloads, keys, headers)
     if not isinstance(payloads, (list, tuple, str, bytes, bytearray, Mapping)):
         payloads = list(payloads)  # counted for the span; _publish_many lists them anyway
     count = len(payloads) if isinstance(payloads, (list, tuple)) else 1
     with tracing.publishing(stream, headers, count, outbox=outbox) as traced:
-        return _publish_many(stream, payloads, keys, traced.headers, maxlen, codec, outbox, using, replicas,
-                             replicas_timeout_ms, run_after)
+        return _publish_many(_plan(*options), payloads, keys, traced.headers)
 
 
-def _publish_many(stream: str, payloads: Iterable[Any], keys: Iterable[str | None] | None,
-                  headers: Mapping[str, Any] | None, maxlen: int | None, codec: str | None, outbox: bool, using: str,
-                  replicas: int | None, replicas_timeout_ms: int,
-                  run_after: datetime.datetime | datetime.timedelta | None) -> list[str]:
-    validate_stream_name(stream)
-    _check_replicas(replicas, outbox, replicas_timeout_ms)
-    _check_maxlen(maxlen)
+def _publish_many(plan: _Plan, payloads: Iterable[Any], keys: Iterable[str | None] | None,
+                  headers: Mapping[str, Any] | None) -> list[str]:
+    stream, maxlen = plan.stream, plan.maxlen
     _check_many(payloads, "publish_many() takes an iterable of payloads", "; use publish(stream, payload) for one, "
                 "or publish_many(stream, [payload])")
     payloads = list(payloads)
@@ -373,36 +323,40 @@ def _publish_many(stream: str, payloads: Iterable[Any], keys: Iterable[str | Non
         keys = list(keys)
         if len(keys) != len(payloads):
             raise PublishError(f"got {len(keys)} keys for {len(payloads)} payloads")
-    due = _due(run_after)
-    if outbox:
-        return _to_outbox(stream, payloads, keys or [None] * len(payloads), headers, maxlen, using, codec=codec, due=due)
+    every_key = keys or [None] * len(payloads)
+    if plan.road == "outbox":
+        return _to_outbox(plan, payloads, every_key, headers)
     encoded = []
-    encode = _MessageEncoder(headers, codec)
+    encode = message_encoder(headers, plan.codec)
     for index, payload in enumerate(payloads):
         try:
-            encoded.append(encode(payload, keys[index] if keys else None))
+            encoded.append(encode(payload, every_key[index]))
         except PublishError as exc:
             error = PublishError(f"message {index}: {exc}")
             error.index, error.reason = index, str(exc)
             raise error from None
-    if _publish_hook is not None:
-        return _publish_hook(stream, encoded, None)
+    if plan.road == "hook":
+        return _publish_hook(stream, encoded, None)  # type: ignore[misc]  # the road says it is set
     conn = get_connection()
-    targets = None
-    if len(partitions.ensure_recorded(conn, stream)) > 1:
-        targets = [partitions.route(stream, keys[i] if keys else None) for i in range(len(encoded))]
-    if replicas is not None:
+    targets = _targets(conn, stream, every_key)
+    if plan.replicas is not None:
         for target in set(targets or [stream]):
-            _check_wait_fits(conn, target, replicas_timeout_ms)
-    if due is not None:
+            _check_wait_fits(conn, target, plan.replicas_timeout_ms)
+    if plan.road == "deferred":
         try:
-            return scheduled.publish_deferred(conn, targets or [stream] * len(encoded), encoded, maxlen, due, replicas,
-                                              replicas_timeout_ms)
+            return scheduled.publish_deferred(conn, targets or [stream] * len(encoded), encoded, maxlen, plan.due,
+                                              plan.replicas, plan.replicas_timeout_ms)
         except scheduled.Interrupted as exc:
             raise _partial(stream, exc.ids, exc.in_doubt, exc.cause) from None
-    if replicas is not None:
-        return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen, replicas,
-                                replicas_timeout_ms)
+    if plan.road == "replicated":
+        return _send_replicated(conn, stream, targets or [stream] * len(encoded), encoded, maxlen,
+                                plan.replicas, plan.replicas_timeout_ms)  # type: ignore[arg-type]
+    return _send_direct(conn, stream, targets, encoded, maxlen)
+
+
+def _send_direct(conn: Any, stream: str, targets: list[str] | None, encoded: list[Fields],
+                 maxlen: int | None) -> list[str]:
+    """publish_many's plain road: 1000 per MULTI/EXEC (per partition when ``targets`` are given)."""
     ids: list[str] = []
     for start in range(0, len(encoded), _PIPELINE_CHUNK):
         batch = encoded[start : start + _PIPELINE_CHUNK]
@@ -448,16 +402,13 @@ def _send_batch(conn: Any, stream: str, batch: list[Fields], maxlen: int | None)
     return pipe.execute()
 
 
-def _to_outbox(stream: str, payloads: list[Any], keys: list[str | None], headers: Mapping[str, Any] | None,
-               maxlen: int | None, using: str, pipeline: Any = None, codec: str | None = None,
-               due: Any = None) -> list[str]:
+def _to_outbox(plan: _Plan, payloads: list[Any], keys: list[str | None], headers: Mapping[str, Any] | None) -> list[str]:
     from streams_app.outbox import enqueue
 
-    if pipeline is not None:
-        raise PublishError("outbox=True writes to the database, not to a Redis pipeline: pass one or the other")
+    stream, maxlen, due = plan.stream, plan.maxlen, plan.due
     enqueue.check_row(stream, maxlen)
     encoded, checked = [], []
-    encode = _MessageEncoder(headers, codec)
+    encode = message_encoder(headers, plan.codec)
     for index, (payload, key) in enumerate(zip(payloads, keys)):
         try:
             checked.append(enqueue.check_key(key))
@@ -473,9 +424,9 @@ def _to_outbox(stream: str, payloads: list[Any], keys: list[str | None], headers
     if _publish_hook is not None:
         for fields in encoded:  # as enqueue stores them: the guards deduplicate the relay's copies by it
             fields[IDEMPOTENCY_ID_FIELD] = enqueue.new_idempotency_id()
-        _publish_hook(stream, encoded, using)
+        _publish_hook(stream, encoded, plan.using)
         return checked
-    return enqueue.enqueue(stream, encoded, checked, maxlen, using)
+    return enqueue.enqueue(stream, encoded, checked, maxlen, plan.using)
 
 
 def _partial(stream: str, ids: list[str], in_doubt: int, cause: BaseException) -> PartialPublishError:

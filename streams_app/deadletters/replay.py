@@ -22,7 +22,7 @@ from streams_app.entry_ids import is_entry_id
 from streams_app.keys import key_type
 from streams_app.lag import find_group, name_bytes, shown
 from streams_app.names import validate_stream_name
-from streams_app.producer import encode_payload
+from streams_app.encoding import encode_payload
 
 REPLAY_BATCH = 200
 

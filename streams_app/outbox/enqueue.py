@@ -67,7 +67,7 @@ def _no_nul(text, what):
 
 
 def enqueue(stream, encoded, keys, maxlen, using):
-    """Write one row per message (``encoded``: the fields from producer.encode_message); return the keys."""
+    """Write one row per message (``encoded``: the fields from encoding.encode_message); return the keys."""
     from streams_app.outbox.models import OutboxMessage
 
     # The codec may write bytes (orjson: UTF-8); the row stores text, which XADD sends as the same bytes.

@@ -12,7 +12,7 @@ import time
 import redis
 
 from streams_app import partitions, scripts
-from streams_app.producer import message_encoder
+from streams_app.encoding import message_encoder
 from streams_app.tasks import results
 
 

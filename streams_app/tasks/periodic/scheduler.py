@@ -32,7 +32,7 @@ from shoal_common.text import to_text
 from streams_app import keys, partitions, scripts
 from streams_app.connection import TRANSIENT_ERRORS, get_connection, is_cluster
 from streams_app.exceptions import PublishError, RejectMessage
-from streams_app.producer import encode_message
+from streams_app.encoding import encode_message
 from streams_app.tasks import messages, results
 from streams_app.tasks.periodic.schedule import due, to_datetime
 
