@@ -35,7 +35,7 @@ from shoal_common.redis_errors import is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app import keys, scripts
 from streams_app.conf import get_settings, setting
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, per_slot, recover, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS, get_connection, is_cluster, per_slot, recover, slot_pipeline
 from streams_app.exceptions import NotReplicatedError, PublishError
 # On a moved entry; on a deferred outbox row RUN_AFTER_FIELD says when it will be due (the relay's cue).
 from streams_app.message import RUN_AFTER_FIELD, SCHEDULED_ID_FIELD
@@ -344,6 +344,7 @@ class Mover:
         self.moved = 0
         self._reported = {}  # stream -> the refusal last logged
         self.forbidden = False  # the Redis user may not run sorted-set commands (said once)
+        self.looked = False  # every stream's script ran once: its keys' types and the ACL were checked
 
     @property
     def conn(self):
@@ -363,6 +364,8 @@ class Mover:
         moved, conn = 0, None
         try:
             conn = self.conn  # the first lookup asks Redis whether it is a cluster
+            if self.looked and not self.forbidden and not is_cluster(conn):  # forbidden: FORBIDDEN_RETRY paces it
+                streams = self._holding(conn, streams, now)
             for pipe, node_streams in per_slot(conn, streams):
                 for stream in node_streams:
                     move_due(conn, stream, self.batch, pipeline=pipe)
@@ -373,8 +376,24 @@ class Mover:
                 recover(conn)  # scripts go to nodes directly: follow a failover
             for stream in streams:
                 self.due[stream] = max(self.due[stream], now + self.poll)
+        else:
+            self.looked = True
         self.moved += moved
         return moved
+
+    def _holding(self, conn, streams, now):
+        """Those of ``streams`` that may hold deferred messages. On one server one EXISTS of all their
+        scheduled sets answers for every stream: an idle process's pass is one command, not a script
+        call (and its ZCARD) per stream, six of them per Tasks queue (sync and async, three bands).
+        On a cluster the sets are in different slots, which one EXISTS cannot span."""
+        try:
+            if conn.exists(*(keys.scheduled_key(stream) for stream in streams)):
+                return streams
+        except redis.ResponseError:
+            return streams  # a refused EXISTS (an ACL): the scripts meet the refusal and say it
+        for stream in streams:
+            self.due[stream] = now + self.poll
+        return []
 
     def _after(self, stream, reply, now):
         if isinstance(reply, Exception):

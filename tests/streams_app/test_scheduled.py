@@ -204,6 +204,25 @@ def test_the_mover_moves_every_stream_it_reads_and_waits_for_the_next_head(redis
     assert 100.9 <= mover.due["jobs"] <= 101.3 and mover.wait(now=101.0) <= 0.3  # woken for the head
 
 
+def _calls(redis, command):
+    return redis.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_an_idle_pass_over_many_streams_is_one_exists_on_one_server(redis):
+    if isinstance(redis, RedisCluster):
+        pytest.skip("on a cluster each scheduled set is in a slot of its own: one script per stream, as before")
+    streams = [f"q{n}" for n in range(6)]
+    mover = scheduled.Mover(streams, clock=lambda: 0.0)
+    assert mover.tick(now=0) == 0  # the first pass runs each stream's script: types and ACL checked
+    scripts_before, exists_before = _calls(redis, "evalsha"), _calls(redis, "exists")
+    assert mover.tick(now=1) == 0 and mover.tick(now=2) == 0
+    assert _calls(redis, "evalsha") == scripts_before  # no script call (and no ZCARD) per stream
+    assert _calls(redis, "exists") == exists_before + 2  # one EXISTS per pass for all six
+    assert all(at == 3.0 for at in mover.due.values())
+    publish("q4", {"n": 1}, run_after=timedelta(0))
+    assert mover.tick(now=3) == 1 and redis.xlen("q4") == 1  # something is scheduled: the scripts run
+
+
 def test_a_stream_key_of_another_type_stops_its_moves_and_is_logged_once(redis, caplog):
     publish("jobs", {"n": 1}, run_after=timedelta(0))
     redis.set("jobs", "precious")
