@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/tasks.py [--tasks 4000] [--repeat 2]
 
-For each kind of work, a no-op and a 1 ms sleep (an I/O wait, as a small call to another service),
-each rep times, interleaved (plain, tasks, plain, tasks, ...):
+For each kind of work, a no-op, a 1 ms sleep (an I/O wait, as a small call to another service) and
+a 1 ms ``asyncio.sleep`` (``async def`` handler and task, on the worker's event loop), each rep times,
+interleaved (plain, tasks, plain, tasks, ...):
 
 - (p) plain: ``publish_many`` of N payloads, then one ``runconsumer`` of an ``@consumer`` handler
   doing that work (bench/benchapp/consumers.py);
@@ -44,6 +45,7 @@ KINDS = {
     # kind: (plain stream, task name, task queue)
     "no-op": ("tasks_noop", "noop", "bnoop"),
     "1 ms sleep": ("tasks_sleep", "sleep_1ms", "bsleep"),
+    "async 1 ms": ("tasks_sleep_async", "sleep_1ms_async", "bsleep"),  # async def both: the event loop
 }
 
 
@@ -81,9 +83,12 @@ def plain(client, url, stream, total):
 
 
 def tasks(client, url, task, queue, total):
+    from asgiref.sync import iscoroutinefunction
+
     from streams_app.tasks import messages
 
-    stream = messages.stream_name(queue)
+    is_async = iscoroutinefunction(task.func)
+    stream = messages.async_stream_name(queue) if is_async else messages.stream_name(queue)
     base = group_progress(client, stream, messages.GROUP)[0] if client.exists(stream) else 0
     from streams_app.tasks import enqueue_many
 
@@ -94,7 +99,7 @@ def tasks(client, url, task, queue, total):
     started = time.perf_counter()
     ids += [result.id for result in enqueue_many(task, [((n,), {}) for n in range(half, total)])]
     bulk_rate = (total - half) / (time.perf_counter() - started)
-    proc = manage("runconsumer", messages.selector(queue), "-v", "0", redis_url=url,
+    proc = manage("runconsumer", f"{stream}:{messages.GROUP}", "-v", "0", redis_url=url,
                   env={"DJANGO_SETTINGS_MODULE": SETTINGS})
     seconds, cpu = finish(client, proc, stream, messages.GROUP, base, total)
     from streams_app.tasks import results

@@ -145,6 +145,11 @@ def sleep_1ms(message):
     time.sleep(0.001)
 
 
+@consumer("tasks_sleep_async", group="bench")
+async def sleep_1ms_async(message):
+    await asyncio.sleep(0.001)
+
+
 # bench/throughput.py: a no-op handler that times itself from inside, so start-up (imports, Django,
 # group creation) stays out of the steady rate and the CPU per message. BENCH_TOTAL says how many
 # messages the run has; next() on itertools.count is atomic under the GIL, so threads need no lock.

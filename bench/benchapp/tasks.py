@@ -1,5 +1,6 @@
 """bench/tasks.py: Django Tasks on Shoal (bench.tasks_settings), the same work as the plain handlers
-tasks_noop / tasks_sleep of consumers.py."""
+tasks_noop / tasks_sleep / tasks_sleep_async of consumers.py."""
+import asyncio
 import time
 
 try:
@@ -16,3 +17,8 @@ def noop(n):
 @task(queue_name="bsleep")
 def sleep_1ms(n):
     time.sleep(0.001)
+
+
+@task(queue_name="bsleep")
+async def sleep_1ms_async(n):
+    await asyncio.sleep(0.001)

@@ -16,7 +16,6 @@ takes it over after PENDING_TIMEOUT_MS and runs it again, a second attempt.
 The sync consumer's handler is a QueueHandler: it writes a task's SUCCESSFUL in the same round trip as
 the start of the next task its thread runs, and the chunk's last one before the chunk is acked.
 """
-import asyncio
 import json
 import logging
 import threading
@@ -345,7 +344,7 @@ class QueueHandler:
         return self._run_begun(attempt)
 
     def defers(self, attempt):
-        return attempt.config["IDEMPOTENT"] is None and not is_cluster(attempt.conn)
+        return deferrable(attempt)
 
     def timed(self, path, seconds):
         """How long a run of the task at ``path`` took (a moving average per path, for begin_chunk)."""
@@ -354,47 +353,15 @@ class QueueHandler:
 
     def begin_chunk(self, chunk):
         """Start the attempts of the messages of ``chunk`` that can be run in one batch (see the class)."""
-        self.local.begun, self.local.done = {}, []
-        if is_cluster(get_connection()):
-            return
-        attempts, budget = [], BATCHED_START_SECONDS
-        for message in chunk:
-            try:
-                attempt = Attempt(self.alias, message, refuse=False)
-            except Exception:  # noqa: BLE001 -- refused or broken: the handler's call raises it, as ever
-                break
-            # Only a prefix of tasks known to be quick: a result must not show RUNNING long before its
-            # task runs (a slow task ahead of it, or one this thread never timed, ends the batch).
-            expected = self.durations.get(attempt.data["task"])
-            if expected is None or expected > budget:
-                break
-            budget -= expected
-            if (attempt.task.takes_context or not self.defers(attempt) or message.consumer != chunk[0].consumer
-                    or attempt.listened(task_started) or attempt.listened(task_finished)):
-                continue
-            attempts.append(attempt)
-        if not attempts:
-            return
-        try:
-            started = results.started_many(attempts[0].conn, [a.data["id"] for a in attempts], chunk[0].consumer,
-                                           [a.config["RESULT_TTL"] for a in attempts])
-        except Exception:  # noqa: BLE001 -- Redis refused: each task starts alone, and says why
-            logger.debug("Could not start a chunk of %d tasks in one round trip", len(attempts), exc_info=True)
-            return
+        self.local.begun, self.local.done = begin(self, chunk), []
         self.local.batch_began = time.perf_counter()
-        for attempt, (number, errors) in zip(attempts, started):
-            if number:  # 0: no result to start (created and started by the task's own call)
-                attempt.number, attempt.errors_so_far = number, errors
-                attempt.counted(counting.started)
-                log_state(attempt, "RUNNING")
-                self.local.begun[attempt.message.id] = attempt
 
     def _run_begun(self, attempt):
         """Run the task of an attempt begin_chunk started; its success is written by end_chunk."""
         data, func = attempt.data, attempt.task.func
         tracing.task_run(data["task"], str(data["id"]))  # begun by begin_chunk, outside this message's span
         watch = _watch(attempt)
-        started, began = _now_iso(), time.perf_counter()
+        started, began = now_iso(), time.perf_counter()
         try:
             if iscoroutinefunction(func):  # enqueued before its function became async
                 value = async_to_sync(func)(*data["args"], **data["kwargs"])
@@ -418,7 +385,7 @@ class QueueHandler:
             raise outcome from exc
         finally:
             self.timed(data["task"], time.perf_counter() - began)
-        self.local.done.append((attempt, started, _now_iso(), value))
+        self.local.done.append((attempt, started, now_iso(), value))
 
     def put(self, attempt):
         self.local.pending = attempt
@@ -447,38 +414,91 @@ class QueueHandler:
         return lost
 
     def _give_back(self, begun):
-        """Take back the starts of the attempts in ``begun`` (by entry id) that did not run, and empty it."""
-        first = next(iter(begun.values()))
-        try:
-            results.unstarted_many(first.conn, [(a.data["id"], a.number) for a in begun.values()],
-                                   first.message.consumer)
-        except Exception:  # noqa: BLE001 -- they run all the same, one attempt more on the record
-            logger.warning("Could not take back the start of %d tasks not run yet", len(begun), exc_info=True)
-        begun.clear()
+        give_back(begun)
 
     def _end_begun(self):
         begun, done = getattr(self.local, "begun", None), getattr(self.local, "done", None)
         self.local.begun, self.local.done = None, []
         if begun:  # not reached: handed back by the chunk, to run later as the same attempt's first go
-            self._give_back(begun)
-        if not done:
-            return []
-        conn = done[0][0].conn
+            give_back(begun)
+        return write_successes(done or [])
+
+
+def deferrable(attempt):
+    """Whether the attempt's result writes may wait to go with others' (not under an idempotency guard,
+    whose mark must not come before the SUCCESSFUL; not on a cluster, where results are in other slots)."""
+    return attempt.config["IDEMPOTENT"] is None and not is_cluster(attempt.conn)
+
+
+def begin(handler, chunk):
+    """Turn RUNNING, in one round trip, the attempts of the prefix of ``chunk`` known to be quick
+    (BATCHED_START_SECONDS in all, by ``handler``'s timings); {entry id: Attempt} of those started."""
+    if is_cluster(get_connection()):
+        return {}
+    attempts, budget = [], BATCHED_START_SECONDS
+    for message in chunk:
         try:
-            written = results.succeeded_many(conn, [(a.data["id"], a.config["RESULT_TTL"], a.number, started,
-                                                     finished, value) for a, started, finished, value in done])
-        except Exception as exc:  # noqa: BLE001 -- Redis refused or went away: the entries stay pending
-            return [(attempt.message, exc) for attempt, *_ in done]
-        for (attempt, *_), ok in zip(done, written):
-            if ok:
-                attempt.counted(counting.finished, "SUCCESSFUL")
-                log_state(attempt, "SUCCESSFUL")
-            else:
-                lost(attempt, "SUCCESSFUL")
+            attempt = Attempt(handler.alias, message, refuse=False)
+        except Exception:  # noqa: BLE001 -- refused or broken: the handler's call raises it, as ever
+            break
+        # Only a prefix of tasks known to be quick: a result must not show RUNNING long before its
+        # task runs (a slow task ahead of it, or one this handler never timed, ends the batch).
+        expected = handler.durations.get(attempt.data["task"])
+        if expected is None or expected > budget:
+            break
+        budget -= expected
+        if (attempt.task.takes_context or not handler.defers(attempt) or message.consumer != chunk[0].consumer
+                or attempt.listened(task_started) or attempt.listened(task_finished)):
+            continue
+        attempts.append(attempt)
+    if not attempts:
+        return {}
+    try:
+        started = results.started_many(attempts[0].conn, [a.data["id"] for a in attempts], chunk[0].consumer,
+                                       [a.config["RESULT_TTL"] for a in attempts])
+    except Exception:  # noqa: BLE001 -- Redis refused: each task starts alone, and says why
+        logger.debug("Could not start a chunk of %d tasks in one round trip", len(attempts), exc_info=True)
+        return {}
+    begun = {}
+    for attempt, (number, errors) in zip(attempts, started):
+        if number:  # 0: no result to start (created and started by the task's own call)
+            attempt.number, attempt.errors_so_far = number, errors
+            attempt.counted(counting.started)
+            log_state(attempt, "RUNNING")
+            begun[attempt.message.id] = attempt
+    return begun
+
+
+def give_back(begun):
+    """Take back the starts of the attempts in ``begun`` (by entry id) that did not run, and empty it."""
+    first = next(iter(begun.values()))
+    try:
+        results.unstarted_many(first.conn, [(a.data["id"], a.number) for a in begun.values()], first.message.consumer)
+    except Exception:  # noqa: BLE001 -- they run all the same, one attempt more on the record
+        logger.warning("Could not take back the start of %d tasks not run yet", len(begun), exc_info=True)
+    begun.clear()
+
+
+def write_successes(done):
+    """SUCCESSFUL for each (attempt, started_at, finished_at, return JSON) of ``done``, in one round trip.
+    Returns [(message, exception)] of the entries whose success could not be written (not to be acked)."""
+    if not done:
         return []
+    try:
+        written = results.succeeded_many(done[0][0].conn, [
+            (a.data["id"], a.config["RESULT_TTL"], a.number, started, finished, value) for a, started, finished, value in done])
+    except Exception as exc:  # noqa: BLE001 -- Redis refused or went away: the entries stay pending
+        return [(attempt.message, exc) for attempt, *_ in done]
+    for (attempt, *_), ok in zip(done, written):
+        if ok:
+            attempt.counted(counting.finished, "SUCCESSFUL")
+            log_state(attempt, "SUCCESSFUL")
+        else:
+            lost(attempt, "SUCCESSFUL")
+    return []
 
 
-def _now_iso():
+def now_iso():
     return timezone.now().isoformat()
 
 
@@ -486,40 +506,3 @@ def _watch(attempt):
     """The time limit's watch over ``attempt`` (its task about to run in this thread), or None: no limit."""
     seconds = retries.timeout(attempt.task, attempt.config)
     return timelimits.watch(attempt, seconds) if seconds else None
-
-
-async def run_message_async(alias, message):
-    """The handler of a queue's async consumer (``tasks:Q:async``, on the worker's event loop): the
-    Redis writes and signals in a thread, the task awaited on the loop."""
-    attempt = await asyncio.to_thread(Attempt, alias, message)
-    try:
-        args, kwargs = await asyncio.to_thread(attempt.start)
-    except Cancelled:
-        return
-    except StartFailed as failure:
-        outcome = await asyncio.to_thread(attempt.failed, failure.exc)
-        if outcome is None:
-            return
-        if outcome is failure.exc:  # the consumer retries the entry itself
-            raise failure.exc from None
-        raise outcome from failure.exc
-    func = attempt.task.func
-    seconds = retries.timeout(attempt.task, attempt.config)
-    limit = asyncio.timeout(seconds)  # None: no limit
-    try:
-        async with limit:  # past it the task is cancelled, and the block raises TimeoutError
-            value = await func(*args, **kwargs) if iscoroutinefunction(func) else await asyncio.to_thread(func, *args, **kwargs)
-        await asyncio.to_thread(attempt.succeeded, value)
-    except asyncio.CancelledError:
-        raise  # the worker's shutdown (or the task's own cancel): the consumer decides, the entry stays pending
-    except RejectMessage:
-        raise
-    except BaseException as raised:  # noqa: BLE001
-        # limit.expired(): the TimeoutError is ours, not one of the task's own (a socket's, say).
-        exc = timelimits.timeout_error(attempt, seconds) if limit.expired() else raised
-        outcome = await asyncio.to_thread(attempt.failed, exc)
-        if outcome is None:  # retried as a deferred message: this entry is done
-            return
-        if outcome is exc:
-            raise exc from (raised if exc is not raised else None)
-        raise outcome from exc

@@ -2,8 +2,6 @@
 with no arguments runs them beside the ``@consumer`` handlers: ``tasks:<queue>:workers`` (sync tasks,
 in handler threads) and ``tasks:<queue>:async:workers`` (``async def`` tasks, on the event loop),
 each in three priority bands."""
-import functools
-
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -35,7 +33,8 @@ def install():
     if not backends:
         return
     try:
-        from streams_app.tasks.runner import QueueHandler, run_message_async
+        from streams_app.tasks.awaiting import AsyncQueueHandler
+        from streams_app.tasks.runner import QueueHandler
     except ImportError as exc:
         raise ImproperlyConfigured(
             f"TASKS names {BACKEND_PATH}, but Django's Tasks API is missing ({exc}): Django 6 has django.tasks; "
@@ -54,8 +53,8 @@ def install():
             consumer(messages.stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent=config["IDEMPOTENT"])(handler)
             # async def tasks on the worker's event loop; the "db" guard needs a sync handler's transaction.
-            run_async = functools.partial(run_message_async, alias)
-            run_async.shoal_handler_name = f"Django tasks (queue {queue}, async tasks, backend {alias})"  # type: ignore[attr-defined]
+            run_async = AsyncQueueHandler(alias)
+            run_async.shoal_handler_name = f"Django tasks (queue {queue}, async tasks, backend {alias})"
             consumer(messages.async_stream_name(queue), group=messages.GROUP, max_deliveries=config["MAX_DELIVERIES"],
                      bands=messages.BANDS, idempotent="redis" if config["IDEMPOTENT"] else None,
                      )(run_async)

@@ -12,7 +12,8 @@ from streams_app.message import Message
 from streams_app.tasks import refusals, results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started
-from streams_app.tasks.runner import QueueHandler, run_message, run_message_async
+from streams_app.tasks.awaiting import run_message_async
+from streams_app.tasks.runner import QueueHandler, run_message
 from tests import tasks_settings
 
 pytestmark = pytest.mark.both_redis

@@ -12,7 +12,8 @@ from streams_app.consuming.chunks import run_chunk
 from streams_app.message import Message
 from streams_app.tasks import cancel, results
 from streams_app.tasks.exceptions import TaskCancelled
-from streams_app.tasks.runner import QueueHandler, run_message, run_message_async
+from streams_app.tasks.awaiting import run_message_async
+from streams_app.tasks.runner import QueueHandler, run_message
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
