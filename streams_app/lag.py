@@ -13,6 +13,7 @@ leaves the counter alone; redis/redis#10569, fixed in 7.4 by #12898), so once pr
 only ever overstates, so on those versions a non-zero lag is checked by counting (``checked_lag``):
 cheap when consumers keep up, bounded by CHECK_CAP when they do not.
 """
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -85,22 +86,9 @@ def delivered_id(conn, stream, group):
     return None if info is None else to_text(_info(info, "last-delivered-id"))
 
 
-def real_group(conn, stream, group):
-    """``group`` as the bytes Redis holds for it on ``stream`` (find_group), to send back to Redis;
-    ``group`` itself when the stream has no such group (the caller's own command then says so)."""
-    try:
-        groups = conn.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if is_no_such_key(exc) or is_wrongtype(exc):
-            return group
-        raise
-    info = find_group(groups, group)
-    return group if info is None else _info(info, "name")
-
-
 def find_group(groups, name):
     """The XINFO GROUPS entry of the group called ``name``: the group whose name is those bytes (or
-    that text), else the one the pages show as ``name`` (``shown``: a name that is not UTF-8, which
+    that text), else the one the pages show as ``name`` (``to_shown``: a name that is not UTF-8, which
     another client may give its group, with its bad bytes as \\xNN escapes). None: no such group.
 
     Never decodes a name strictly: one group of another client must not break every other group's lookup.
@@ -111,7 +99,7 @@ def find_group(groups, name):
         raw = name_bytes(_info(info, "name"))
         if raw == wanted:
             return info
-        if escaped is None and isinstance(name, str) and shown(raw) == name:
+        if escaped is None and isinstance(name, str) and to_shown(raw) == name:
             escaped = info
     return escaped
 
@@ -127,9 +115,43 @@ def name_bytes(name):
         return name.encode("utf-8", "backslashreplace")
 
 
-def shown(name):
-    """A name as text for pages and logs: bytes that are not UTF-8 as \\xNN escapes."""
-    return to_text(name, errors="backslashreplace")
+def to_shown(name):
+    """A group or consumer name as text for pages, links, forms and the admin's mirror rows, read back
+    by ``from_shown``: a backslash as ``\\\\``, a byte that is not UTF-8 as ``\\xNN``, NUL as ``\\x00``
+    (an HTML form cannot send a raw NUL, PostgreSQL text cannot hold it).
+
+    Reversible, so two names never share a text: another client may name one group with the byte 0xFF
+    and another with the four characters ``\\xff``, and the admin must reach each. A name of ASCII
+    without a backslash (nearly every name) is shown as it is.
+    """
+    text = to_text(name, errors="surrogateescape")
+    if text.isascii() and "\\" not in text and "\x00" not in text:
+        return text
+    return "".join(_SHOWN.get(ch, ch) if ch < "\udc80" or ch > "\udcff" else f"\\x{ord(ch) - 0xdc00:02x}"
+                   for ch in text)
+
+
+_SHOWN = {"\\": "\\\\", "\x00": "\\x00"}
+_ESCAPE = re.compile(r"\\(\\|x[0-9a-fA-F]{2})")
+
+
+def from_shown(text):
+    """The name ``to_shown`` showed as ``text``, as Redis holds it: str when it is UTF-8, else bytes.
+
+    A backslash that starts no escape is taken as it is: a plain name typed into a link still works.
+    """
+    if "\\" not in text:
+        return text
+    raw, pos = bytearray(), 0
+    for escape in _ESCAPE.finditer(text):
+        raw += name_bytes(text[pos:escape.start()])
+        raw += b"\\" if escape.group(1) == "\\" else bytes([int(escape.group(1)[1:], 16)])
+        pos = escape.end()
+    raw += name_bytes(text[pos:])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(raw)
 
 
 def backlog(conn, stream, info, cap=ESTIMATE_CAP):

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 import redis
 
 from shoal_common.redis_errors import is_missing, is_wrongtype
-from shoal_common.text import to_text
 from streams_app.connection import TRANSIENT_ERRORS, node_client
 from streams_app.keys import key_type, liveness_key
-from streams_app.lag import find_group
+from streams_app.lag import to_shown
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -44,47 +43,6 @@ class Consumer:
     def claimable(self):
         """A target for claimed entries: not known dead."""
         return self.liveness != DEAD
-
-
-def _text(value):
-    return to_text(value, errors="backslashreplace")
-
-
-def shown_name(name):
-    """A consumer's name as the pages show and send it: invalid UTF-8 as \\xNN escapes and NUL as \\x00
-    (an HTML parser turns a raw NUL into U+FFFD, so a form could not send it back)."""
-    return _text(name).replace("\x00", "\\x00")
-
-
-def real_group(conn, stream, name):
-    """The group of ``stream`` that the pages show as ``name`` (the mirror stores names as _text
-    gives them: invalid UTF-8 escaped), as the bytes Redis holds; ``name`` itself when none is (or
-    the stream is gone: the caller's command then says so). Names go back to Redis as raw bytes."""
-    if name.isascii() and "\\x" not in name:
-        return name  # the common case: nothing was escaped, no XINFO to send
-    try:
-        groups = conn.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if is_missing(exc) or is_wrongtype(exc):
-            return name
-        raise
-    except TRANSIENT_ERRORS:
-        return name  # the caller's own command meets the outage and its page says so
-    same = [g["name"] for g in groups if _text(g["name"]) == name]
-    if len(same) > 1:
-        raise AmbiguousName(f"Two groups of {stream} are shown as {name}: one named in bytes that are not UTF-8, "
-                            "the other spelled with backslashes.")
-    info = find_group(groups, name)
-    return name if info is None else info["name"]
-
-
-class AmbiguousName(Exception):
-    """Two names in Redis are shown as the same text (``\\xff`` is both how the byte 0xFF is shown and
-    a name spelled with a backslash): the page cannot say which one is meant, so nothing is done."""
-
-    def __str__(self):
-        return (f"{self.args[0]} The admin cannot tell them apart, so it lists and does nothing to either; "
-                "use redis-cli with the exact bytes (XPENDING, XCLAIM, XACK).")
 
 
 def wrong_type_problem(conn, key, wanted, consequence):
@@ -115,9 +73,9 @@ def deadlines(conn, stream, problems=None, raw_names=None):
     out = {}
     for name, deadline in records.items():
         try:
-            out[shown_name(name)] = (int(deadline) - now_ms) / 1000
+            out[to_shown(name)] = (int(deadline) - now_ms) / 1000
             if raw_names is not None:
-                raw_names[shown_name(name)] = name
+                raw_names[to_shown(name)] = name
         except ValueError:
             continue
     return out
@@ -145,8 +103,8 @@ def group_consumers(conn, stream, group, problems=None):
         raise
     except TRANSIENT_ERRORS:
         return []
-    members = [Consumer(name=shown_name(r["name"]), liveness=state(by_name.get(shown_name(r["name"]))),
-                        deadline_in=by_name.get(shown_name(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
+    members = [Consumer(name=to_shown(r["name"]), liveness=state(by_name.get(to_shown(r["name"]))),
+                        deadline_in=by_name.get(to_shown(r["name"])), pending=r["pending"], idle=r["idle"] / 1000,
                         inactive=r["inactive"] / 1000 if r.get("inactive", -1) >= 0 else None, raw=r["name"])
                for r in rows]
     known = {c.name for c in members}

@@ -24,6 +24,7 @@ from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
 from streams_app.admin.support import page_context
 from streams_app.conf import get_settings
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
+from streams_app.lag import from_shown
 
 
 def logical_url(name):
@@ -115,8 +116,8 @@ def logical_pending(model_admin, request):
     for index, stream in enumerate(names):
         row = rows.get(stream)
         try:
-            total = conn.xpending(stream, group).get("pending", 0)
-            page, _ = read_pending_page(conn, stream, group, count=PENDING_PAGE_SIZE)
+            total = conn.xpending(stream, from_shown(group)).get("pending", 0)
+            page, _ = read_pending_page(conn, stream, from_shown(group), count=PENDING_PAGE_SIZE)
         except redis.ResponseError as exc:
             if not is_missing(exc):
                 raise

@@ -28,7 +28,7 @@ from streams_app import keys
 from streams_app.connection import TRANSIENT_ERRORS, page_connection
 from streams_app.deadletters.store import REPLAY_OF, TARGET_GROUP, failed_by, parse_dead_letter
 from streams_app.entry_ids import id_key, is_entry_id
-from streams_app.lag import name_bytes, shown
+from streams_app.lag import name_bytes, to_shown
 
 SCAN_LIMIT = 10_000
 SCAN_BATCH = 1000
@@ -108,7 +108,7 @@ def locate(conn, stream, entry_id):
         if id_key(entry_id) > id_key(last):
             found.absence = f"not in the stream: past its last entry id {last}"
             # No group can have read, failed or replayed it: "not yet delivered" would say it waits.
-            found.places = [Place(shown(info["name"]), "not published",
+            found.places = [Place(to_shown(info["name"]), "not published",
                                   f"beyond the stream's last entry {last}: no such entry (not published yet)")
                             for info in groups]
             return found, False
@@ -138,20 +138,20 @@ def _not_a_stream(conn, key):
 def _place(conn, stream, name, entry_id, target, last_delivered, letters, replays):
     """Where the entry is for the group ``name`` (as Redis holds it: sent back as those bytes, compared
     as bytes, shown escaped: another client's group may be named in bytes that are not UTF-8)."""
-    group, raw = shown(name), name_bytes(name)
+    group, raw = to_shown(name), name_bytes(name)
     if target is not None and name_bytes(target) != raw:
-        return Place(group, "not for this group", f"a replay for group {shown(target)}: acknowledged unseen")
+        return Place(group, "not for this group", f"a replay for group {to_shown(target)}: acknowledged unseen")
     rows = conn.xpending_range(stream, name, min=entry_id, max=entry_id, count=1)
     if rows:
         row = rows[0]
-        error_key = keys.error_key(stream, group, entry_id)
+        error_key = keys.error_key(stream, _text(name), entry_id)  # as the pending page reads it
         try:
             error = conn.hget(error_key, "error")
         except redis.ResponseError as exc:
             if not is_wrongtype(exc):
                 raise
             error = f"(Redis key {error_key!r} holds a {keys.key_type(conn, error_key)}, not a hash)"
-        detail = (f"owner {_text(row['consumer'])}, idle {row['time_since_delivered'] / 1000:.1f} s, "
+        detail = (f"owner {to_shown(row['consumer'])}, idle {row['time_since_delivered'] / 1000:.1f} s, "
                   f"{row['times_delivered']} deliveries" + (f"; last error: {_text(error)}" if error else ""))
         from streams_app.models import ConsumerGroup
 

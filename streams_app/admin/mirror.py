@@ -27,6 +27,7 @@ from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.conf import get_settings
 from streams_app.entry_ids import id_key
+from streams_app.lag import to_shown
 from streams_app.connection import TRANSIENT_ERRORS, get_connection
 from streams_app import partitions
 from streams_app.registry import registered
@@ -88,7 +89,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     specs = registered() if specs is None else specs
     now = now or dj_timezone.now()
     failures = {} if failures is None else failures
-    by_group = {(s.stream, s.group): s for s in specs}
+    by_group = {(s.stream, to_shown(s.group)): s for s in specs}
     known = {s.stream for s in specs} | set(Stream.objects.values_list("name", flat=True))
     # The partitions of declared partitioned streams too, once in Redis: the web process need not
     # register their consumers for the logical stream's page to show them.
@@ -173,7 +174,7 @@ def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem, s
     })
     seen = []
     for group_info in groups:
-        group = _text(group_info["name"])
+        group = to_shown(group_info["name"])  # reversible: two groups never share a row, each is reachable
         spec = by_group.get((name, group))
         seen.append(group)
         last_delivered = _text(group_info["last-delivered-id"])
@@ -202,7 +203,7 @@ def _alive_consumers(conn, infos):
 
     A SIGKILLed worker stays a consumer of its groups; its deadline lapses within CONSUMER_TTL.
     """
-    from streams_app.admin.consumers import deadlines, shown_name
+    from streams_app.admin.consumers import deadlines
 
     # Asked under the names as Redis holds them (a group's name may not be UTF-8), keyed as mirrored.
     asked = [(name, g["name"]) for name, (_, groups) in infos.items() for g in groups]
@@ -219,7 +220,7 @@ def _alive_consumers(conn, infos):
             continue
         if name not in by_stream:
             by_stream[name] = deadlines(conn, name)
-        out[(name, _text(group))] = sum(1 for m in members if by_stream[name].get(shown_name(m["name"]), 0) > 0)
+        out[(name, to_shown(group))] = sum(1 for m in members if by_stream[name].get(to_shown(m["name"]), 0) > 0)
     return out
 
 
@@ -231,7 +232,7 @@ def _stale_pending(conn, infos, timeout_ms):
     pipe = conn.pipeline(transaction=False)
     for name, group in asked:
         pipe.xpending_range(name, group, min="-", max="+", count=STALE_PENDING_CAP, idle=timeout_ms)
-    return {(name, _text(group)): len(rows) for (name, group), rows in zip(asked, pipe.execute(raise_on_error=False))
+    return {(name, to_shown(group)): len(rows) for (name, group), rows in zip(asked, pipe.execute(raise_on_error=False))
             if not isinstance(rows, Exception)}
 
 

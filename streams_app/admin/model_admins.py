@@ -27,10 +27,11 @@ from streams_app.admin import mirror
 from streams_app.admin.support import MirrorAdmin, confirmation, log_actions, pretty_json, redis_unreachable_is_a_message
 from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
-from streams_app.admin.consumers import AmbiguousName, group_consumers, real_group
+from streams_app.admin.consumers import group_consumers
 from streams_app.admin.refresh import refresh_context
 from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
+from streams_app.lag import from_shown
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from streams_app.deadletters.replay import SKIP_REASONS, replay
 
@@ -209,12 +210,7 @@ class ConsumerGroupAdmin(StreamsMirrorAdmin, admin.ModelAdmin):
         hours = hours if hours in CHART_HOURS else 6
         problems = []
         conn = page_connection(request)
-        try:
-            consumers = group_consumers(conn, group.stream.name, real_group(conn, group.stream.name, group.name),
-                                        problems)
-        except AmbiguousName as exc:
-            consumers = []
-            problems.append(str(exc))
+        consumers = group_consumers(conn, group.stream.name, from_shown(group.name), problems)
         for problem in problems:
             self.message_user(request, problem, messages.WARNING)
         context = {

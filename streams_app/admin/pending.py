@@ -27,8 +27,7 @@ from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
 from streams_app import keys
 from streams_app.admin import mirror
-from streams_app.admin.consumers import (ALIVE, DEAD, AmbiguousName, deadlines, group_consumers, real_group, shown_name,
-                                         wrong_type_problem)
+from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, wrong_type_problem
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
@@ -37,7 +36,7 @@ from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimab
 from streams_app.deadletters import store as deadletters
 from streams_app.models import MirrorState
 from streams_app.registry import registered
-from streams_app.lag import find_group
+from streams_app.lag import find_group, from_shown, to_shown
 
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120
@@ -76,21 +75,6 @@ def parse_owner(value):
     return value[1:] if value.startswith("=") else value
 
 
-def real_consumer(conn, stream, group, name):
-    """The consumer of the group that the page shows as ``name`` (consumers.shown_name), as the bytes
-    Redis holds; else a live reader of the stream not in the group yet, by its liveness record (the
-    claim list offers those too); ``name`` itself when neither is."""
-    same = [c["name"] for c in conn.xinfo_consumers(stream, group) if shown_name(c["name"]) == name]
-    if len(same) > 1:
-        raise AmbiguousName(f"Two consumers of {_text(group)} are shown as {name}: one named in bytes that are "
-                            "not UTF-8, the other spelled with backslashes.")
-    if same:
-        return same[0]
-    readers = {}
-    deadlines(conn, stream, raw_names=readers)
-    return readers.get(name, name)
-
-
 def owner_label(name):
     return name if name else "(empty name)"
 
@@ -117,7 +101,7 @@ def _pending_range(conn, stream, group, start, count, filters):
     ``xpending_range`` leaves a consumer named "" out, which would list every owner's entries."""
     args = [stream, group, *(["IDLE", int(filters.min_idle * 1000)] if filters.min_idle else []), start, "+", count]
     if filters.consumer is not None:
-        args.append(real_consumer(conn, stream, group, filters.consumer))
+        args.append(from_shown(filters.consumer))  # the bytes Redis holds for the name as shown
     return conn.execute_command("XPENDING", *args, parse_detail=True)
 
 
@@ -196,7 +180,7 @@ def _with_details(conn, stream, group, rows):
         payload = "(deleted from the stream)" if fields is None else fields.get("payload", fields.get("data", ""))
         page.append({
             "id": _text(row["message_id"]),
-            "consumer": shown_name(row["consumer"]),
+            "consumer": to_shown(row["consumer"]),
             "idle": row["time_since_delivered"] / 1000,
             "deliveries": row["times_delivered"],
             "payload": payload[:PAYLOAD_PREVIEW] + ("…" if len(payload) > PAYLOAD_PREVIEW else ""),
@@ -254,10 +238,8 @@ def pending_entries(model_admin, request, object_id):
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     stream = group.stream.name
-    copied, name, resolved = None, group.name, False
+    copied, name = None, from_shown(group.name)  # the bytes Redis holds for the name as shown
     try:
-        name = real_group(conn, stream, group.name)  # the bytes Redis holds for a name shown escaped
-        resolved = True
         summary = conn.xpending(stream, name)
         page, next_after = read_pending_page(conn, stream, name, after, filters=filters)
     except redis.ResponseError as exc:
@@ -265,9 +247,6 @@ def pending_entries(model_admin, request, object_id):
             raise
         summary, page, next_after = {"pending": 0}, [], None
         model_admin.message_user(request, f"Group {group} no longer exists in Redis.", messages.WARNING)
-    except AmbiguousName as exc:
-        summary, page, next_after = {"pending": group.pending}, [], None
-        model_admin.message_user(request, str(exc), messages.ERROR)
     except TRANSIENT_ERRORS as exc:
         # Asked once (ADMIN_REDIS_TIMEOUT): the page shows the mirror's count and its age instead.
         summary, page, next_after = {"pending": group.pending}, [], None
@@ -276,12 +255,11 @@ def pending_entries(model_admin, request, object_id):
                                           "be listed or acted on now. The count is the mirror's last copy.",
                                  messages.ERROR)
     problems = []
-    # Two groups shown as this one's name: listing either's consumers would pass them off as this group's.
-    consumers = group_consumers(conn, stream, name, problems) if resolved else []
+    consumers = group_consumers(conn, stream, name, problems)
     for problem in problems:
         model_admin.message_user(request, problem, messages.WARNING)
     liveness = {c.name: c.liveness for c in consumers}
-    policy = RetryPolicy(stream, group.name)
+    policy = RetryPolicy(stream, name)
     for entry in page:
         entry["liveness"] = liveness.get(entry["consumer"], "unknown")
         entry["due_in"] = policy.due_in(entry, entry["liveness"])
@@ -328,14 +306,6 @@ def matching(conn, stream, group, filters, batch=BULK_BATCH):
 
 
 def _pending_action(model_admin, request, group, allowed):
-    try:
-        return _checked_action(model_admin, request, group, allowed)
-    except AmbiguousName as exc:  # raised before anything is written
-        model_admin.message_user(request, f"{exc} Nothing was done.", messages.ERROR)
-        return HttpResponseRedirect(request.get_full_path())
-
-
-def _checked_action(model_admin, request, group, allowed):
     action = request.POST.get("action", "")
     if action not in PENDING_ACTIONS:
         raise Http404("no such action")
@@ -347,7 +317,7 @@ def _checked_action(model_admin, request, group, allowed):
     target = parse_owner(request.POST.get("consumer", ""))
     back = request.get_full_path()
     conn = web_connection()
-    name = real_group(conn, stream, group.name)
+    name = from_shown(group.name)
     if action == "claim":
         refused = _claim_refusal(conn, stream, group, name, target)
         if refused:
@@ -469,9 +439,9 @@ def _apply(conn, request, stream, group, action, ids, target):
 def _act(conn, request, stream, group, action, owners, target):
     """Do ``action`` on pending entries (id -> owner, as Redis gave it); return the ids it was done to.
 
-    Owners stay the bytes Redis holds and a claim's target (the page's text) is matched back to
-    them: a name that is not UTF-8 is shown escaped, and claiming to the escaped text would make a
-    new consumer nobody runs."""
+    Owners stay the bytes Redis holds and a claim's target (the page's text) is read back to its
+    bytes (from_shown): a name that is not UTF-8 is shown escaped, and claiming to the escaped text
+    would make a new consumer nobody runs."""
     still = list(owners)
     if action == "ack":
         conn.xack(stream, group, *still)
@@ -481,7 +451,7 @@ def _act(conn, request, stream, group, action, owners, target):
         # delivery, so the counts stay honest. (A plain XCLAIM would reset the idle time and delay
         # the entry by a whole pending timeout.)
         idle = RetryPolicy(stream, group).due_idle_ms()
-        to = real_consumer(conn, stream, group, target) if action == "claim" else None
+        to = from_shown(target) if action == "claim" else None
         by_owner = {}
         for entry_id in still:
             by_owner.setdefault(to if action == "claim" else owners[entry_id], []).append(entry_id)

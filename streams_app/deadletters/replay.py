@@ -20,7 +20,7 @@ from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.entry_ids import is_entry_id
 from streams_app.keys import key_type
-from streams_app.lag import find_group, name_bytes, shown
+from streams_app.lag import find_group, name_bytes, to_shown
 from streams_app.names import validate_stream_name
 from streams_app.encoding import encode_payload
 
@@ -111,7 +111,7 @@ def replay(stream, group, ids=None, all=False, payload_override=None, dry_run=Fa
 
 def _no_group_message(conn, stream, group):
     try:
-        names = sorted(shown(g["name"]) for g in conn.xinfo_groups(keys.stream_key(stream)))
+        names = sorted(to_shown(g["name"]) for g in conn.xinfo_groups(keys.stream_key(stream)))
     except redis.ResponseError:
         names = []
     known = f"groups on {stream}: {', '.join(names)}" if names else f"{stream} has no groups"
