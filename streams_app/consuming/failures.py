@@ -4,16 +4,17 @@ deliveries that ran nothing.
 A failed entry stays pending: ``on_failure`` either queues it for the dead-letter stream (poison, or
 out of deliveries) or records its error and puts it on the retry heap, keyed by when its back-off
 ends (takeover.py redelivers it then). A delivery on which no handler ran (the redis guard's key busy
-elsewhere, its marks refused at maxmemory, the run ledger not written) is retried without counting:
-``_not_run``. ``flush_failures`` writes last errors and makes dead-letter moves in one round trip.
-``_retried`` and ``_refused`` are what the run ledger (runs.py) asks of a failed outcome when it
-decides what a run charged.
+elsewhere or its marks refused at maxmemory, the run ledger not written, or waiting behind a failure in
+its chunk) is retried without counting: ``_not_run``. ``flush_failures`` writes last errors and makes
+dead-letter moves in one round trip. ``_retried`` and ``_refused`` are what the run ledger (runs.py)
+asks of a failed outcome when it decides what a run is charged.
 
-A base class of loop.GroupLoop, split out by role. It owns the loop's ``retries`` heap, ``errors``,
-``to_dead_letter``, ``moves_due`` and ``dead_lettered``; it reads the loop's stream, group, consumer,
-connection, clock, ``max_deliveries``, retry policy, ``error_ttl``, ``runs``, ``suspects`` and
-``suspect_runs``, and asks the lost-group protocol (``lost_group``) whether the group was recreated
-elsewhere when moves find their entries not pending.
+A base class of loop.GroupLoop, split out by role. It owns the loop's ``errors``, ``to_dead_letter``,
+``moves_due`` and ``dead_lettered``, and fills its ``retries`` heap (takeover.py takes from it); it
+reads the loop's stream, group, consumer, connection, clock, ``max_deliveries``, retry policy,
+``error_ttl``, ``runs`` and ``suspect_runs`` (a suspect that ran nothing goes back to ``suspects``),
+and asks the lost-group protocol (``lost_group``) whether the group was recreated elsewhere when moves
+find their entries not pending.
 """
 import heapq
 import logging
