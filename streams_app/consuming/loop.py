@@ -17,34 +17,38 @@ A group destroyed or flushed under the loop is recreated where it stood by the l
 (lost_group.py), which the loop calls at a few named points: when a command says the group is gone
 (``step``), when it makes the group ready (``make_ready``), on every read (``trusted``), and when
 entries it holds are found not pending (keep-alive, retries, dead-letter moves).
+
+GroupLoop is this pass and its reads, hand-offs and collection; the rest of what it does is in base
+classes split out by role, each sharing the loop's state: takeover.py (taking entries over),
+failures.py (the retry schedule, last errors, dead-letter moves, deliveries that ran nothing: what
+the run ledger asks about), acking.py (acks, with the run ledger's ended chunks) and stopping.py
+(draining, leaving the group, Redis trouble).
 """
-import heapq
 import logging
 import queue
 import time
 
 import redis
 
-from shoal_common.backoff import backoff_delay
 from shoal_common.redis_errors import is_lost_group, is_oom, is_unblocked
 from shoal_common.text import to_text
 from streams_app import scripts, tracing
-from streams_app.connection import TRANSIENT_ERRORS, is_cluster, recover, slot_pipeline
+from streams_app.connection import TRANSIENT_ERRORS, is_cluster
 from streams_app.consuming import bands, refusals
-from streams_app.consuming.alone import gate
+from streams_app.consuming.acking import Acking
 from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect, run_suspect_async
+from streams_app.consuming.failures import REFUSED_RETRY_SECONDS, Failures
 from streams_app.consuming.groups import ensure_group
 from streams_app.consuming.outage import OutageLog
-from streams_app.consuming.idempotency import DuplicateInFlight, make_guard
+from streams_app.consuming.idempotency import make_guard
 from streams_app.consuming.lost_group import LostGroupProtocol
-from streams_app.consuming.outcomes import Outcome, Status, dead_lettered
-from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy, backoff_seconds
+from streams_app.consuming.outcomes import Outcome, Status
+from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy
 from streams_app.consuming.runs import RunLedger, RunsNotRecorded
+from streams_app.consuming.stopping import Stopping
 from streams_app.consuming.takeover import TakeOver
-from streams_app.deadletters import store as deadletters
-from streams_app.keys import dead_letter_key, running_key
+from streams_app.keys import dead_letter_key
 from streams_app.message import Message
-from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")
 
@@ -55,14 +59,12 @@ BUSY_BLOCK_MS = 50
 CHUNK_TARGET_SECONDS = 0.005
 # Entries per keep-alive script run: keeps one run short, so it does not stall other clients.
 KEEP_ALIVE_BATCH = 500
-# How long dead-letter moves Redis refused (maxmemory) wait before they are tried again.
-REFUSED_RETRY_SECONDS = 1.0
 
 
 _str = to_text
 
 
-class GroupLoop(TakeOver):
+class GroupLoop(Failures, Acking, Stopping, TakeOver):
     # runconsumer --burst: stop once a read finds nothing new and nothing is running or left to settle,
     # in every loop of the process at once (burst.BurstGate, shared by them).
     burst = False
@@ -296,33 +298,6 @@ class GroupLoop(TakeOver):
             self.last_read_id = entries[-1][0]
         return entries
 
-    def _ack_and_read(self, count, block_ms):
-        """XACK of what is due, XREADGROUP, EXISTS of the settling marker: one round trip on one server.
-
-        The server runs them in order: the acks land before the read blocks, and the marker is looked
-        at right after the read, as a separate EXISTS would (recreate_group.lua makes the group and the
-        marker in one step, so a read on a recreated group always sees it). Returns (reply, settling).
-        """
-        acks = self.to_ack
-        pipe = self.reader.pipeline(transaction=False)
-        if acks:
-            pipe.xack(self.stream, self.group, *acks)
-        ended = self._send_ended(pipe)
-        pipe.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
-        pipe.exists(self.settling)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except BaseException:
-            if ended:
-                self.runs.not_sent(ended)
-            raise
-        if acks and not isinstance(replies[0], Exception):
-            self._acked(len(acks))
-        error = next((r for r in replies if isinstance(r, Exception)), None)
-        if error is not None:
-            raise error  # NOGROUP, UNBLOCKED...: step() handles them as for a plain command
-        return replies[-2], replies[-1]
-
     def _time_room(self):
         """How many more entries the threads can start within a fraction of the pending timeout.
 
@@ -478,204 +453,8 @@ class GroupLoop(TakeOver):
         if result.left:
             self._submit(result.left)  # still ours in the PEL; the smaller chunk size now applies
 
-    def on_failure(self, outcome):
-        """Poison or out of deliveries: dead-letter. Otherwise record the error and retry after a back-off."""
-        message = outcome.message
-        if isinstance(outcome.error, DuplicateInFlight):
-            if message.id in self.suspect_runs:
-                self.suspects.add(message.id)  # it ran nothing: its retry runs alone, as a suspect still
-            self._not_run([message])  # another consumer runs the same key: this delivery ran nothing
-            return
-        poison = outcome.status is Status.POISON
-        error, traceback = deadletters.describe(outcome.error, poison=poison)
-        if dead_lettered(outcome, self.max_deliveries):
-            self.to_dead_letter.append((message.id, error, traceback))
-        else:
-            self.errors.append((message.id, error, traceback))
-            self._schedule_retry(message.id, message.deliveries)
-
-    @staticmethod
-    def _refused(outcome):
-        """Whether ``outcome`` ran no handler: its key was busy elsewhere (the redis guard)."""
-        return isinstance(outcome.error, DuplicateInFlight)
-
-    def _retried(self, outcome):
-        """Whether a failed ``outcome`` ran its handler and will be retried (on_failure's decision)."""
-        return not isinstance(outcome.error, DuplicateInFlight) and not dead_lettered(outcome, self.max_deliveries)
-
-    def _not_run(self, messages):
-        """Deliveries on which no handler ran (the guard's marks refused at maxmemory, or the key busy
-        elsewhere): take their count back and retry them after the back-off of the deliveries that ran.
-        With the run ledger (runs.py) the count is already the runs + 1: nothing to take back.
-
-        Without this, each retry during a maxmemory episode counted as a delivery: entries that never
-        ran reached max_deliveries and were dead-lettered ("killed or stuck"), by this loop or by the
-        reclaim daemon, and their back-off grew as if they kept failing.
-        """
-        args = [self.group, self.consumer]
-        for message in messages:
-            ran = max(0, message.deliveries - 1)
-            args += [message.id, ran]
-            self._schedule_retry(message.id, ran)
-        if self.runs is not None:
-            return  # the run ledger charged nothing: its count is still the runs + 1 (runs.py)
-        try:
-            scripts.run(self.conn, "undeliver", [self.stream], args)
-        except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:
-            # The retry is scheduled all the same; the count stays one too high for this delivery.
-            logger.warning("Consumer %s: could not take back the delivery count of %d entries of %s/%s that did "
-                           "not run: %s", self.consumer, len(messages), self.stream, self.group, exc)
-
-    def _retry_delay(self, deliveries):
-        return backoff_seconds(deliveries, self.retry_base, self.retry_cap)
-
-    def _schedule_retry(self, entry_id, deliveries):
-        due = self.clock() + self._retry_delay(deliveries)
-        heapq.heappush(self.retries, (due, entry_id, deliveries))
-
-    def flush_failures(self):
-        """Record last errors and make dead-letter moves in one round trip (failures only: off the hot path).
-
-        At maxmemory Redis refuses both: last errors are skipped (a dead letter then says no error was
-        recorded), moves stay queued and are tried again after REFUSED_RETRY_SECONDS; the entries stay
-        pending meanwhile, so nothing is lost and nothing else waits for them.
-        """
-        if not self.errors and not self.to_dead_letter:
-            return
-        if not self.errors and self.clock() < self.moves_due:
-            return
-        self.to_dead_letter = list({f[0]: f for f in self.to_dead_letter}.values())  # audit passes re-add
-        pipe = slot_pipeline(self.conn, self.stream)  # the dead-letter script shares it: one slot, one node
-        deadletters.record_errors(self.conn, self.stream, self.group, self.consumer, self.errors, self.error_ttl, pipeline=pipe)
-        moves = deadletters.move(self.conn, self.stream, self.group, self.to_dead_letter, pipeline=pipe)
-        replies = pipe.execute(raise_on_error=False)
-        result = moves.result(replies)  # raises NOGROUP/WRONGTYPE like a plain command would
-        problems = [r for r in replies if isinstance(r, Exception)]
-        oom = next((r for r in problems if is_oom(r)), None)
-        if oom is not None and self.errors:
-            refusals.refused("last_error", oom)
-        elif problems and not result.refused:
-            logger.warning("Consumer %s: could not record %d last errors of %s/%s: %s", self.consumer,
-                           len(self.errors), self.stream, self.group, problems[0])
-        if result.moved:
-            self.dead_lettered += len(result.moved)
-            metrics.record_dead_lettered(self.stream, self.group, len(result.moved))
-            logger.warning("Consumer %s: moved %d entries of %s/%s to %s", self.consumer, len(result.moved),
-                           self.stream, self.group, dead_letter_key(self.stream))
-        self.errors = []
-        refused = {entry_id for entry_id, _ in result.refused}
-        # Kept: what Redis refused, and what the group lost (then the recreation puts them back to be moved).
-        kept = refused | (set(result.not_pending) if result.not_pending and self.lost_group.recreated_elsewhere() else set())
-        self.to_dead_letter = [f for f in self.to_dead_letter if f[0] in kept]
-        if refused:
-            self.moves_due = self.clock() + REFUSED_RETRY_SECONDS
-            refusals.refused("dead_letter", result.refused[0][1])
-        elif oom is None:
-            refusals.accepted()
-
     def _adapt_chunk(self, seconds):
         avg = self.seconds_per_message
         self.seconds_per_message = seconds if avg is None else 0.8 * avg + 0.2 * seconds
         ideal = int(CHUNK_TARGET_SECONDS / max(self.seconds_per_message, 1e-7))
         self.chunk_size = max(1, min(self.max_chunk, ideal))
-
-    def flush_acks(self):
-        ended = self.runs is not None and self.runs.has_ended()
-        if not self.to_ack and not ended:
-            return
-        # Ids stay queued until XACK succeeds: an ack lost to a connection error is retried.
-        if not ended:
-            self.conn.xack(self.stream, self.group, *self.to_ack)
-            self._acked(len(self.to_ack))
-            return
-        acks = self.to_ack
-        pipe = slot_pipeline(self.conn, self.stream)  # the running record shares the stream's slot
-        if acks:
-            pipe.xack(self.stream, self.group, *acks)
-        fields = self._send_ended(pipe)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except BaseException:
-            self.runs.not_sent(fields)
-            raise
-        if acks:
-            if isinstance(replies[0], Exception):
-                raise replies[0]
-            self._acked(len(acks))
-
-    def _send_ended(self, pipe):
-        """Chunks that ended leave the running record (runs.py) in the round trip of their acks: best
-        effort (a field left behind names entries acked, or pending and then run alone after a death)."""
-        return self.runs.send_ended(pipe) if self.runs is not None else ()
-
-    def _acked(self, count):
-        self.handled += count
-        self.to_ack = []
-        gate.sent(self.acked_chunks)
-        self.acked_chunks = 0
-
-    # -- stopping and Redis trouble ---------------------------------------------------------
-
-    def drain(self):
-        """Let in-flight handlers finish until the shutdown deadline, acking as they do."""
-        while self.busy_chunks and self.clock() < self.shutdown.deadline:
-            self.collect(timeout=min(0.1, max(0.001, self.shutdown.deadline - self.clock())))
-            self._try_flush()
-            try:
-                self.keep_alive(self.clock())
-            except (*TRANSIENT_ERRORS, redis.ResponseError):
-                pass  # entries not kept alive are taken over after the pending timeout: at worst run twice
-        self.collect()
-        while (self.to_ack or self.to_dead_letter) and not self._try_flush() and self.clock() < self.shutdown.deadline:
-            time.sleep(0.1)
-        if self.busy_chunks or self.to_ack:
-            logger.warning("Consumer %s: stopping with %d entries of %s/%s unacknowledged; they stay pending for takeover",
-                           self.consumer, len(self.in_flight) + len(self.to_ack), self.stream, self.group)
-        else:
-            self.leave()
-
-    def leave(self):
-        """Remove this consumer from the group if it holds nothing, so a clean stop leaves no name behind.
-
-        Names are unique per process start: without this, every deploy would leave one per worker
-        until the reclaim daemon's DEAD_CONSUMER_IDLE. A consumer still holding entries (failed ones
-        waiting for their retry) stays until another takes them over and the daemon removes it.
-        """
-        try:
-            left = scripts.run(self.conn, "leave_group", [self.stream, running_key(self.stream, self.group, self.consumer)],
-                               [self.group, self.consumer])
-        except (*TRANSIENT_ERRORS, redis.ResponseError) as exc:  # Redis down, or the group gone with it
-            logger.info("Consumer %s: could not leave %s/%s (%s); the reclaim daemon removes it later",
-                        self.consumer, self.stream, self.group, exc)
-            return False
-        return bool(left)
-
-    def _try_flush(self):
-        try:
-            self.flush_acks()
-            self.flush_failures()
-            if not self.ready and self.lost_group.lost and self.to_dead_letter:  # found recreated elsewhere while stopping
-                self.make_ready(self.clock())  # puts the moves back in the group, to be made now
-                self.flush_failures()
-            return True
-        except TRANSIENT_ERRORS:
-            return False
-
-    def _redis_down(self, exc):
-        self.failures += 1
-        recover(self.conn)  # scripts and CLIENT LIST go to nodes directly: follow a failover
-        if self.reader is not self.conn:
-            # The reader is a cluster client of its own: XREADGROUP's keys are asked of its default node
-            # (COMMAND GETKEYS), and redis-py keeps that node when it dies, so every read failed for as
-            # long as the node REDIS_URL named stayed down. A fresh slot map names a live one.
-            recover(self.reader)
-        if self.failures == 1 and self.outage.went_down(self):
-            logger.warning("Consumer %s: Redis unreachable (%s); retrying with back-off", self.consumer, exc)
-        self.shutdown.wait(backoff_delay(self.failures, first=0.1, cap=self.backoff_max, jitter=0.5))
-
-    def _redis_ok(self):
-        if self.failures:
-            if self.outage.came_back(self):
-                logger.warning("Consumer %s: Redis reachable again after %d failed attempts", self.consumer,
-                               self.failures)
-            self.failures = 0
