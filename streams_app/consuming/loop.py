@@ -120,6 +120,9 @@ class GroupLoop(Failures, Acking, Stopping, TakeOver):
         self.moves_due = 0.0  # dead-letter moves Redis refused wait until then
         self.can_list_clients = True  # False for a Redis user without CLIENT LIST (see _claim_from_dead)
         self.chunk_size = 1
+        # A handler that writes per chunk (the task runner's QueueHandler: a chunk's starts and successes are
+        # a round trip each) asks for longer chunks, to spread those round trips over more messages.
+        self.chunk_seconds = getattr(spec.handler, "shoal_chunk_seconds", CHUNK_TARGET_SECONDS)
         self.seconds_per_message = None
         # Acks, read and settling check in one pipeline (_ack_and_read). Not on a cluster: a plain
         # pipeline on the stream's node would not follow a moved slot as the cluster client does.
@@ -356,6 +359,9 @@ class GroupLoop(Failures, Acking, Stopping, TakeOver):
 
     def _submit(self, messages):
         size = self.chunk_size
+        if self.chunk_seconds > CHUNK_TARGET_SECONDS:
+            # Longer chunks must not leave threads idle: a short read still goes to every thread.
+            size = min(size, max(1, -(-len(messages) // self.threads)))
         suspects = []
         if self.suspects:
             # Taken over from a worker that was running them when it died: one at a time, alone (alone.py).
@@ -456,5 +462,5 @@ class GroupLoop(Failures, Acking, Stopping, TakeOver):
     def _adapt_chunk(self, seconds):
         avg = self.seconds_per_message
         self.seconds_per_message = seconds if avg is None else 0.8 * avg + 0.2 * seconds
-        ideal = int(CHUNK_TARGET_SECONDS / max(self.seconds_per_message, 1e-7))
+        ideal = int(self.chunk_seconds / max(self.seconds_per_message, 1e-7))
         self.chunk_size = max(1, min(self.max_chunk, ideal))

@@ -322,6 +322,10 @@ class QueueHandler:
     own transaction, which must not come before its SUCCESSFUL is written).
     """
 
+    # Chunks of about this much task time (consuming/loop.py; 5 ms for other handlers): a chunk's starts
+    # and successes are a round trip each, so 1 ms tasks in 5 ms chunks spent more on them than running.
+    # Within BATCHED_START_SECONDS, so a chunk of quick tasks starts in one batch.
+    shoal_chunk_seconds = 0.02
     shoal_handler_name = ""  # the Handler the admin shows (registry.describe_handler); set by setup.install
 
     def __init__(self, alias):

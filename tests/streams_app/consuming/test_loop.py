@@ -357,3 +357,16 @@ def test_on_one_server_a_read_carries_the_acks_due_and_the_settling_check_in_its
     # Acks finished while the loop went on reading were sent ahead of the next read, not on their own,
     # with their chunks' leaving the run ledger's record (runs.py).
     assert any(commands == ["XACK", "HDEL", "XREADGROUP", "EXISTS"] for commands in sent), sent
+
+
+def test_a_handler_asking_for_longer_chunks_gets_them_and_a_short_read_still_spreads(redis, make_loop):
+    loop = make_loop(threads=4)
+    loop.chunk_seconds = 0.02  # as the task runner's QueueHandler asks (shoal_chunk_seconds)
+    loop._adapt_chunk(0.001)
+    assert loop.chunk_size == 20  # 1 ms handlers: 5 per chunk with the default target
+    sizes = []
+    run_chunk = loop.run_chunk
+    loop.run_chunk = lambda handler, chunk, *rest: (sizes.append(len(chunk)), run_chunk(handler, chunk, *rest))[1]
+    publish_many("jobs", [{"n": n} for n in range(8)])
+    run_until(loop, lambda: redis.llen("handled:jobs:a") == 8 and settled(loop))
+    assert sum(sizes) == 8 and max(sizes) <= 2, sizes  # a read of 8 over four threads, not one chunk of 8
