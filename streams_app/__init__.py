@@ -13,14 +13,14 @@ __all__ = ["publish", "publish_many", "consumer", "Message"]
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time they are imported on first use
-    from streams_app.message import Message
-    from streams_app.producer import publish, publish_many
+    from streams_app.publishing.message import Message
+    from streams_app.publishing.producer import publish, publish_many
     from streams_app.registry import consumer
 
 
 def __getattr__(name: str) -> Any:
     if name in ("publish", "publish_many"):
-        from streams_app import producer
+        from streams_app.publishing import producer
 
         return getattr(producer, name)
     if name == "consumer":
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return consumer
     if name == "Message":
-        from streams_app.message import Message
+        from streams_app.publishing.message import Message
 
         return Message
     raise AttributeError(f"module 'streams_app' has no attribute {name!r}")

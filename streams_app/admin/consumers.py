@@ -14,9 +14,9 @@ import redis
 
 from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import TRANSIENT_ERRORS, node_client
-from streams_app.keys import key_type, liveness_key
-from streams_app.lag import find_group
+from streams_app.redis.connection import TRANSIENT_ERRORS, node_client
+from streams_app.redis.keys import key_type, liveness_key
+from streams_app.redis.lag import find_group
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 

@@ -3,7 +3,7 @@ Shoal's own groups read. Replays and Find a message go on for every group, that 
 import pytest
 from django.core.management import call_command
 
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, staff_client  # noqa: F401
 

@@ -10,18 +10,20 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, MovedError
 
-from streams_app import codec as codecs
-from streams_app import partitions, scheduled, tracing
+from streams_app.publishing import codec as codecs
+from streams_app import tracing
+from streams_app.partitioning import partitions
+from streams_app.publishing import scheduled
 from streams_app.conf import setting
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import (
+from streams_app.redis.connection import (
     TRANSIENT_ERRORS, get_connection, is_cluster, node_client, recover, slot_pipeline,
 )
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
-from streams_app.keys import key_type
-from streams_app.message import IDEMPOTENCY_ID_FIELD
-from streams_app.names import utf8_size, validate_stream_name
+from streams_app.redis.keys import key_type
+from streams_app.publishing.message import IDEMPOTENCY_ID_FIELD
+from streams_app.redis.names import utf8_size, validate_stream_name
 
 _PIPELINE_CHUNK = 1000
 
@@ -85,7 +87,7 @@ def encode_message(payload: Any, *, key: str | None = None, headers: Mapping[str
                    codec: str | None = None) -> Fields:
     """The fields of one entry. Raises PublishError for input that cannot be a message.
 
-    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
+    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/publishing/codec.py.
     """
     return _MessageEncoder(headers, codec)(payload, key)
 
@@ -216,7 +218,7 @@ def publish(stream: str, payload: Any, *, key: str | None = None, headers: Mappi
     """Append one message; return its entry id (None when queued on ``pipeline``).
 
     ``run_after``: an aware datetime, or a timedelta from now (on the Redis clock): the message waits
-    in the stream's scheduled set until then (streams_app/scheduled.py); returns its scheduled id
+    in the stream's scheduled set until then (streams_app/publishing/scheduled.py); returns its scheduled id
     (there is no entry id yet), which the entry carries as ``shoal:scheduled_id`` once moved.
 
     ``outbox=True``: write it to the transactional outbox of database ``using`` instead, in the
