@@ -44,12 +44,12 @@ BREAKS = {
         "streams_app.consuming.lost_group is not allowed to import streams_app.consuming.loop"),
     "the producer importing the consumer package": (
         "streams_app/publishing/producer.py", "\nfrom streams_app.consuming.groups import ensure_group  # noqa\n",
-        "streams_app.publishing.producer is not allowed to import streams_app.consuming"),
+        "streams_app.publishing is not allowed to import streams_app.consuming"),
     "two admin modules importing each other": (
         "streams_app/admin/support.py", "\n\ndef _admins():\n    from streams_app.admin import model_admins\n",
         "No cycles are allowed in streams_app.admin"),
     "a module given no layer": (
-        "streams_app/unplaced.py", "from streams_app import keys  # noqa\n", "streams_app.unplaced"),
+        "streams_app/unplaced.py", "from streams_app.redis import keys  # noqa\n", "streams_app.unplaced"),
 }
 
 

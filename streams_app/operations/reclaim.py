@@ -35,6 +35,7 @@ from streams_app.redis.entry_ids import id_key, next_id
 from streams_app.registry import registered
 from streams_app.redis.lag import backlog
 
+# Its name from before the module moved to streams_app.operations (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.reclaim")
 
 AUDIT_PAGE = 1000

@@ -40,6 +40,7 @@ from streams_app.exceptions import NotReplicatedError, PublishError
 # On a moved entry; on a deferred outbox row RUN_AFTER_FIELD says when it will be due (the relay's cue).
 from streams_app.publishing.message import RUN_AFTER_FIELD, SCHEDULED_ID_FIELD
 
+# Its name from before the module moved to streams_app.publishing (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.scheduled")
 
 # Fields one move script call copies at most, in bytes (a few 1 MiB payloads stay a short script).

@@ -89,6 +89,7 @@ def check_application(timeout):
 CHECKS = {"redis": check_redis, "database": check_database, "application": check_application}
 
 # Under streams_app: a host project has no `project` package, and its LOGGING names streams_app.*.
+# Its name from before the module moved to streams_app.web (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.health")
 _last_error = {}  # check name -> the last error logged for it, in this process
 
