@@ -1,5 +1,5 @@
 """gunicorn settings of this repository's deployment, picked up by ``gunicorn project.wsgi`` run from the
-repository root: Shoal's packaged config (streams_app/gunicorn_conf.py, what any host project uses) with
+repository root: Shoal's packaged config (streams_app/web/gunicorn_conf.py, what any host project uses) with
 this checkout's var/ (and the var/env that `make dev-env` writes) and WSGI module."""
 import os
 import sys
@@ -18,6 +18,6 @@ from project.devenv import load_dev_env  # noqa: E402
 
 load_dev_env()
 
-from streams_app.gunicorn_conf import *  # noqa: E402,F401,F403
+from streams_app.web.gunicorn_conf import *  # noqa: E402,F401,F403
 
 wsgi_app = "project.wsgi"

@@ -44,8 +44,9 @@ def server_cpu(ports):
 def child(args):
     """One configuration: publish, then consume; print a JSON line of figures."""
     setup_django(args.url)
-    from streams_app import partitions, publish_many
-    from streams_app.connection import get_connection
+    from streams_app import publish_many
+    from streams_app.partitioning import partitions
+    from streams_app.redis.connection import get_connection
 
     masters = [int(p) for p in args.masters.split(",")]
     names = partitions.names("noop")

@@ -50,8 +50,8 @@ def main():
     try:
         setup_django(server.url)
         from streams_app import publish_many
-        from streams_app.message import Message
-        from streams_app.encoding import encode_message
+        from streams_app.publishing.message import Message
+        from streams_app.publishing.encoding import encode_message
         from django.test import override_settings
         from django.conf import settings
 

@@ -1,4 +1,4 @@
-"""How late deferred messages start, and what moving them costs (streams_app/scheduled.py).
+"""How late deferred messages start, and what moving them costs (streams_app/publishing/scheduled.py).
 
     .venv/bin/python bench/deferred.py [--workers 1 2] [--count 2000] [--burst 20000]
 
@@ -56,7 +56,7 @@ def trickle(count, delays, rate=200):
 def burst(count, client):
     """Publish ``count`` messages due at one instant; seconds from that instant until all were moved."""
     from streams_app import publish_many
-    from streams_app.keys import scheduled_key
+    from streams_app.redis.keys import scheduled_key
 
     due = time.time() + 3 + count / 20000  # scheduled in full before it is due
     publish_many(STREAM, [{"n": n} for n in range(count)], keys=[f"b{n}" for n in range(count)],

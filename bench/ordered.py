@@ -42,7 +42,8 @@ def main():
     server = start_redis()
     try:
         setup_django(server.url, settings="bench.settings")
-        from streams_app import partitions, publish_many
+        from streams_app import publish_many
+        from streams_app.partitioning import partitions
 
         client = server.client()
         for start in range(0, args.messages, 5000):

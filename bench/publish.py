@@ -123,7 +123,7 @@ def main():
     try:
         setup_django(server.url)
         from streams_app.conf import setting
-        from streams_app.connection import get_connection
+        from streams_app.redis.connection import get_connection
 
         client = get_connection()
         if args.profile:

@@ -33,7 +33,7 @@ def main():
         setup_django(server.url, SETTINGS)
         from bench.benchapp import tasks as bench_tasks
         from streams_app.consuming.chunks import run_chunk
-        from streams_app.message import Message
+        from streams_app.publishing.message import Message
         from streams_app.tasks import messages
         from streams_app.tasks.runner import QueueHandler, run_message
 

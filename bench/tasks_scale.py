@@ -33,7 +33,7 @@ def child(args):
     import redis as redis_py
 
     from bench.benchapp import tasks as bench_tasks
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
     from streams_app.tasks import enqueue_many, messages, results
 
     conn = get_connection()

@@ -1,6 +1,6 @@
 """Issue 48's "Done when", as a user would see it: a fresh Django host project (``django-admin
 startproject`` + the README's blocks) with the wheel of this checkout in a venv of its own, served with
-``gunicorn -c python:streams_app.gunicorn_conf host.wsgi``, 2 workers, ``GUNICORN_MAX_REQUESTS=2000``,
+``gunicorn -c python:streams_app.web.gunicorn_conf host.wsgi``, 2 workers, ``GUNICORN_MAX_REQUESTS=2000``,
 4 load clients. Code that cannot load is deployed; after it, at least ``--requests`` requests; then the
 fixed code is deployed and HUP'd, and must be what answers.
 

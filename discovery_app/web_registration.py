@@ -2,7 +2,7 @@
 
     python -m discovery_app.web_registration ADDRESS PORT [METADATA_JSON [INSTANCE_ID [WSGI_MODULE]]]
 
-streams_app.gunicorn_conf starts it in ``when_ready`` (shoal_common/web_supervision.py supervises it: restarted
+streams_app.web.gunicorn_conf starts it in ``when_ready`` (shoal_common/web_supervision.py supervises it: restarted
 when it dies, with the same INSTANCE_ID). It registers once a worker answers ``/readyz``, marks the
 instance failing while ``/readyz`` does not answer (clients skip it), and lives until its stdin closes (the master exited,
 or died: the pipe closes either way) or it gets TERM/INT; then it deregisters. On TERM/INT the

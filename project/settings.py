@@ -61,7 +61,7 @@ if env_bool("SHOAL_DEMO", False):
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     # /healthz and /readyz answer here, before host validation, sessions and auth.
-    "streams_app.health.HealthCheckMiddleware",
+    "streams_app.web.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -112,7 +112,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Serving (streams_app/gunicorn_conf.py, streams_app/health.py).
+# Serving (streams_app/web/gunicorn_conf.py, streams_app/web/health.py).
 READYZ_TIMEOUT = float(os.environ.get("READYZ_TIMEOUT", "1.0"))  # seconds Redis and the database get to answer /readyz
 WEB_SERVICE_NAME = os.environ.get("WEB_SERVICE_NAME", "shoal-web")  # this web tier's name in the discovery registry
 PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the database in every process at start-up
@@ -164,7 +164,7 @@ LOGGING = {
         # Probes and scanners are not news: a 404 or 400 is the client's business (django.request
         # logs 4xx as WARNING), and a request with a Host outside ALLOWED_HOSTS is dropped with a 400
         # and no 14-line traceback. Server errors (5xx) are still logged; /readyz's 503 is not an
-        # error of this process (streams_app/health.py marks it logged).
+        # error of this process (streams_app/web/health.py marks it logged).
         "django.request": {"level": "ERROR"},
         "django.security.DisallowedHost": {"handlers": [], "level": "CRITICAL", "propagate": False},
     },

@@ -15,7 +15,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
     path("admin/", admin.site.urls),
     # /healthz, /readyz, /metrics, as any host project adds them (HealthCheckMiddleware answers the probes first).
-    path("", include("streams_app.urls")),
+    path("", include("streams_app.web.urls")),
 ]
 if settings.DEBUG:
     # `make run` serves the admin's CSS from gunicorn; production runs collectstatic behind a web server.

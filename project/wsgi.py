@@ -1,7 +1,7 @@
 """The WSGI application of this repository's deployment: Django's stock wsgi.py, as a host project has it.
 
-Nothing here loads the URLconf or runs the checks: streams_app.gunicorn_conf does, before a worker tells
-the master it is ready (streams_app/app_check.py), so a deploy that cannot load leaves the old code
+Nothing here loads the URLconf or runs the checks: streams_app.web.gunicorn_conf does, before a worker tells
+the master it is ready (streams_app/web/app_check.py), so a deploy that cannot load leaves the old code
 serving in any host project, not only in this one.
 """
 import os

@@ -1,7 +1,7 @@
 """The gunicorn master's side of discovery registration: which address to advertise, and a supervisor
 that keeps ``python -m discovery_app.web_registration`` running and stops it first on shutdown.
 
-Imported by streams_app.gunicorn_conf, so: no Django, no app code (the master's imports are inherited,
+Imported by streams_app.web.gunicorn_conf, so: no Django, no app code (the master's imports are inherited,
 unreloaded, by the workers it forks after a HUP).
 
 Lifecycle of the web tier's instance:

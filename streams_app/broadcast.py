@@ -32,7 +32,7 @@ import uuid
 from shoal_common.broadcasting import _handlers, dispatch, handlers_for, on_broadcast, shoal_loggers  # noqa: F401
 from shoal_common.pubsub import Subscriber
 from streams_app.conf import setting
-from streams_app.connection import get_connection, node_client
+from streams_app.redis.connection import get_connection, node_client
 from streams_app.exceptions import BroadcastError
 
 logger = logging.getLogger("streams_app.broadcast")

@@ -145,7 +145,7 @@ def _check_partitions(merged):
 
 
 def _check_codec(name):
-    from streams_app.codec import ENGINES, engine_error
+    from streams_app.publishing.codec import ENGINES, engine_error
 
     if name not in ENGINES:
         return [Error(f"STREAMS['CODEC'] is {name!r}, which is not a codec.",
@@ -225,9 +225,9 @@ def check_live_partitions(app_configs=None, **kwargs):
     """W031: STREAMS["PARTITIONS"] names another count than the live layout (``manage.py repartition``
     changed it; the setting only says how a stream starts). Asks Redis, within ADMIN_REDIS_TIMEOUT;
     silent when it does not answer (nothing to compare with)."""
-    from streams_app import layout
+    from streams_app.partitioning import layout
     from streams_app.conf import setting
-    from streams_app.connection import web_connection
+    from streams_app.redis.connection import web_connection
 
     declared = setting("PARTITIONS") or {}
     if not isinstance(declared, dict) or not declared:

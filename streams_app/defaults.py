@@ -88,7 +88,7 @@ SETTINGS = (
     Setting("OUTBOX_RETENTION", 3600, POSITIVE_INT,
             "Seconds a relayed outbox row is kept (the admin shows it) before the relay deletes it."),
 
-    # -- deferred messages (publish(..., run_after=...): streams_app/scheduled.py, docs/publishing.md) ----
+    # -- deferred messages (publish(..., run_after=...): streams_app/publishing/scheduled.py, docs/publishing.md) ----
     Setting("SCHEDULED_POLL_INTERVAL", 1.0, POSITIVE_NUMBER,
             "Seconds between two looks of each consumer process at the scheduled set of each stream it reads "
             "(one script call per Redis node for all of them); a set whose first message falls due sooner is "
@@ -104,7 +104,7 @@ SETTINGS = (
             "Partitioned streams: ``{\"orders\": 6}`` spreads the logical stream ``orders`` over 6 streams (one "
             "cluster slot each, spread over the masters). ``publish(..., key=k)`` routes by CRC-32 of the key, "
             "without a key round-robin; ``@consumer(\"orders\", ...)`` reads every partition. Changing the count "
-            "here for a stream that has entries is refused (streams_app/partitions.py); ``manage.py repartition "
+            "here for a stream that has entries is refused (streams_app/partitioning/partitions.py); ``manage.py repartition "
             "STREAM N`` changes it online, and from then on the live count in Redis wins (warning "
             "streams_app.W031 while this names another).", check_id="E031"),
     Setting("LEASE_TTL_MS", 10_000, MILLISECONDS_INT,

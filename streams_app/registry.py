@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 
-from streams_app import partitions
+from streams_app.partitioning import partitions
 from streams_app.exceptions import ConsumerConfigError, PublishError
-from streams_app.names import validate_stream_name
+from streams_app.redis.names import validate_stream_name
 
 if TYPE_CHECKING:
-    from streams_app.message import Message
+    from streams_app.publishing.message import Message
 
 # What @consumer decorates, and gives back unchanged: a callable taking the message (an ``async def`` is awaited).
 H = TypeVar("H", bound=Callable[["Message"], Any])
@@ -37,7 +37,7 @@ class ConsumerSpec:
     max_deliveries: int = 5
     options: dict[str, Any] = field(default_factory=dict, compare=False)
     is_async: bool = False  # the handler is awaited on the worker's event loop (see handler_kind)
-    # A partition of a partitioned stream (streams_app.partitions): ``stream`` is the partition's
+    # A partition of a partitioned stream (streams_app.partitioning.partitions): ``stream`` is the partition's
     # key, ``logical_stream`` the declared name.
     logical_stream: str | None = None
     partition: int | None = None
@@ -309,7 +309,7 @@ def expand(spec: ConsumerSpec) -> list[ConsumerSpec]:
         # Bands are not partitioned: each is one stream, in its own slot on a cluster.
         streams = [band_stream(spec.stream, band) for band in spec.bands]
         return [replace(spec, stream=stream, yields_to=tuple(streams[:i])) for i, stream in enumerate(streams)]
-    # While a repartition drains the previous epoch, its partitions are read too (streams_app.layout).
+    # While a repartition drains the previous epoch, its partitions are read too (streams_app.partitioning.layout).
     names = partitions.reading(spec.stream)
     if len(names) == 1:
         return [spec]

@@ -141,7 +141,20 @@ class ConsumerProcess:
             self.lines.append(line)
 
     def wait_for_output(self, text, timeout=30):
-        wait_for(lambda: text in "".join(self.lines), timeout=timeout, what=f"{text!r} in the output")
+        def seen():
+            if text in "".join(self.lines):
+                return True
+            if self.proc.poll() is None:
+                return False
+            # It exited without the text (a boot that failed): say so with its output now. Waiting the
+            # whole timeout for a dead process only said "never printed 'started' within 60 s".
+            self._reader.join(timeout=5)
+            if text in "".join(self.lines):
+                return True
+            raise AssertionError(f"{text!r} never came: the process exited with {self.proc.returncode}:\n"
+                                 f"{self.output()}")
+
+        wait_for(seen, timeout=timeout, what=f"{text!r} in the output")
 
     @property
     def pid(self):

@@ -98,11 +98,11 @@ def make_host_project(site, venv, env):
 
 
 class HostGunicorn:
-    """The host's gunicorn started as the README says (``gunicorn -c python:streams_app.gunicorn_conf
+    """The host's gunicorn started as the README says (``gunicorn -c python:streams_app.web.gunicorn_conf
     host.wsgi``; ``config=None``: plain ``gunicorn host.wsgi``), from the site's directory, with the
     venv's gunicorn and nothing of this checkout on its path. Output is collected as it comes."""
 
-    def __init__(self, site, venv, env, *, port, workers=2, config="python:streams_app.gunicorn_conf"):
+    def __init__(self, site, venv, env, *, port, workers=2, config="python:streams_app.web.gunicorn_conf"):
         self.port = port
         args = [str(venv / "bin" / "gunicorn"), *(["-c", config] if config else []), "--bind", f"127.0.0.1:{port}",
                 "host.wsgi"]

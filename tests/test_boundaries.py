@@ -33,23 +33,23 @@ def test_the_contracts_hold_for_the_tree():
 
 BREAKS = {
     "an app importing the other inside a function": (
-        "streams_app/health.py", "\n\ndef _sync():\n    from discovery_app.sync import sync_instances\n",
+        "streams_app/web/health.py", "\n\ndef _sync():\n    from discovery_app.sync import sync_instances\n",
         "streams_app and discovery_app are independent of each other"),
     "shoal_common importing an app": (
-        "shoal_common/text.py", "\nimport streams_app.keys  # noqa\n", "shoal_common imports neither app"),
+        "shoal_common/text.py", "\nimport streams_app.redis.keys  # noqa\n", "shoal_common imports neither app"),
     "the distribution importing the deployment": (
         "discovery_app/keys.py", "\nimport project.settings  # noqa\n", "imports nothing of this repository's deployment"),
     "the lost-group protocol importing the read loop": (
         "streams_app/consuming/lost_group.py", "\n\ndef _loop():\n    from streams_app.consuming.loop import GroupLoop\n",
         "streams_app.consuming.lost_group is not allowed to import streams_app.consuming.loop"),
     "the producer importing the consumer package": (
-        "streams_app/producer.py", "\nfrom streams_app.consuming.groups import ensure_group  # noqa\n",
-        "streams_app.producer is not allowed to import streams_app.consuming"),
+        "streams_app/publishing/producer.py", "\nfrom streams_app.consuming.groups import ensure_group  # noqa\n",
+        "streams_app.publishing is not allowed to import streams_app.consuming"),
     "two admin modules importing each other": (
         "streams_app/admin/support.py", "\n\ndef _admins():\n    from streams_app.admin import model_admins\n",
         "No cycles are allowed in streams_app.admin"),
     "a module given no layer": (
-        "streams_app/unplaced.py", "from streams_app import keys  # noqa\n", "streams_app.unplaced"),
+        "streams_app/unplaced.py", "from streams_app.redis import keys  # noqa\n", "streams_app.unplaced"),
 }
 
 

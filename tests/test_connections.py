@@ -4,7 +4,7 @@ import threading
 from django_redis import get_redis_connection
 
 from streams_app import publish
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 
 
 def test_a_thread_keeps_the_client_django_gives_that_thread(redis):

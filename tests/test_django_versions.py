@@ -37,7 +37,7 @@ def test_mirror_admins_offer_no_delete_selected_on_either_version(rf, admin_user
 def test_the_web_boot_check_runs_the_system_checks_without_touching_a_database():
     # No django_db mark: pytest-django refuses any database access here. Django 6.1's model checks open a
     # connection unless told not to (the trial: a database that was unreachable aborted every HUP and kept
-    # any worker from booting). streams_app/app_check.py passes databases=[].
-    from streams_app.app_check import system_check_errors
+    # any worker from booting). streams_app/web/app_check.py passes databases=[].
+    from streams_app.web.app_check import system_check_errors
 
     assert system_check_errors() == []

@@ -99,7 +99,7 @@ def assert_wheel_contents(wheel):
     assert tops == set(PACKAGES)  # not project/, tests/, bench/, demo/
     for expected in ("streams_app/lua/replay.lua", "streams_app/templates/admin/streams_app/summary.html",
                      "shoal_common/templates/admin/shoal/confirm_action.html", "streams_app/migrations/0001_initial.py",
-                     "discovery_app/migrations/0001_initial.py", "streams_app/urls.py", "streams_app/gunicorn_conf.py",
+                     "discovery_app/migrations/0001_initial.py", "streams_app/web/urls.py", "streams_app/web/gunicorn_conf.py",
                      *(f"{package}/py.typed" for package in PACKAGES)):
         assert expected in names, expected
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -113,7 +113,7 @@ def web_tier(site, venv, env, manage):
     """gunicorn with the packaged config, as the README says: it serves and registers in discovery."""
     port = free_port()
     # DJANGO_SETTINGS_MODULE stays unset: the workers, and the registration process, learn it from host.wsgi.
-    proc = subprocess.Popen([str(venv / "bin" / "gunicorn"), "-c", "python:streams_app.gunicorn_conf", "--bind",
+    proc = subprocess.Popen([str(venv / "bin" / "gunicorn"), "-c", "python:streams_app.web.gunicorn_conf", "--bind",
                              f"127.0.0.1:{port}", "host.wsgi"], cwd=site, env={**env, "WEB_CONCURRENCY": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

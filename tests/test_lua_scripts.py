@@ -1,5 +1,5 @@
 """shoal_common/lua.py: scripts run by EVALSHA, loaded again when Redis lacks them."""
-from streams_app import scripts
+from streams_app.redis import scripts
 
 ARGS = ["2026-01-01T00:00:00+00:00", "{}", 60]
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 import redis
 
-from streams_app import keys
+from streams_app.redis import keys
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

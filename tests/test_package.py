@@ -154,7 +154,7 @@ def site(tmp_path_factory):
 @pytest.mark.slow
 def test_make_docs_builds_the_site_with_an_api_reference(site):
     api = (site / "api" / "index.html").read_text()
-    for name in ("streams_app.producer.publish", "streams_app.registry.consumer", "streams_app.message.Message",
+    for name in ("streams_app.publishing.producer.publish", "streams_app.registry.consumer", "streams_app.publishing.message.Message",
                  "streams_app.testing.capture_publishes", "streams_app.tasks.backend.StreamsBackend",
                  "discovery_app.client.DiscoveryClient"):
         assert f'id="{name}"' in api, name

@@ -5,7 +5,7 @@ import redis as redis_module
 from shoal_common.backoff import backoff_delay
 from shoal_common.redis_errors import is_busygroup, is_missing, is_nogroup, is_no_such_key, is_wrongtype
 from shoal_common.text import to_text
-from streams_app.entry_ids import id_key, is_entry_id, next_id
+from streams_app.redis.entry_ids import id_key, is_entry_id, next_id
 
 
 def test_backoff_doubles_from_first_up_to_the_cap():

@@ -9,7 +9,7 @@ import threading
 import time
 
 from streams_app import consumer
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 
 _pending = []
 _lock = threading.Lock()

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import redis
 
 from shoal_common.redis_errors import is_missing, is_wrongtype
-from streams_app.connection import TRANSIENT_ERRORS, node_client
-from streams_app.keys import key_type, liveness_key
-from streams_app.lag import to_shown
+from streams_app.redis.connection import TRANSIENT_ERRORS, node_client
+from streams_app.redis.keys import key_type, liveness_key
+from streams_app.redis.lag import to_shown
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 

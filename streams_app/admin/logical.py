@@ -1,6 +1,6 @@
 """A partitioned stream as one logical stream in the admin: its partitions, and its groups summed.
 
-Each partition is a stream of its own (streams_app/partitions.py), mirrored and listed like any
+Each partition is a stream of its own (streams_app/partitioning/partitions.py), mirrored and listed like any
 other; these pages put them back together: the logical stream with its partitions (length, dead
 letters, and each group's lag and pending summed over the partitions), and a group's pending
 entries across partitions (the oldest of every partition, merged by id). Acting on pending entries
@@ -18,13 +18,13 @@ from django.utils.http import urlencode
 import redis
 
 from shoal_common.redis_errors import is_missing
-from streams_app import layout, partitions
+from streams_app.partitioning import layout, partitions
 from streams_app.admin.mirror import entry_sort_key
 from streams_app.admin.pending import PENDING_PAGE_SIZE, read_pending_page
 from streams_app.admin.support import page_context
 from streams_app.conf import get_settings
-from streams_app.connection import TRANSIENT_ERRORS, page_connection
-from streams_app.lag import from_shown
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection
+from streams_app.redis.lag import from_shown
 
 
 def logical_url(name):

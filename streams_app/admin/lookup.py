@@ -24,11 +24,11 @@ from django.utils.http import urlencode
 
 from shoal_common.redis_errors import is_missing, is_wrongtype
 from shoal_common.text import to_text
-from streams_app import keys
-from streams_app.connection import TRANSIENT_ERRORS, page_connection
+from streams_app.redis import keys
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection
 from streams_app.deadletters.store import REPLAY_OF, TARGET_GROUP, failed_by, parse_dead_letter
-from streams_app.entry_ids import id_key, is_entry_id
-from streams_app.lag import name_bytes, to_shown
+from streams_app.redis.entry_ids import id_key, is_entry_id
+from streams_app.redis.lag import name_bytes, to_shown
 
 SCAN_LIMIT = 10_000
 SCAN_BATCH = 1000

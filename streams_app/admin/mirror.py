@@ -24,12 +24,12 @@ from django.utils import timezone as dj_timezone
 
 from shoal_common.mirrors import sync_registered
 from shoal_common.text import to_text
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.conf import get_settings
-from streams_app.entry_ids import id_key
-from streams_app.lag import to_shown
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
-from streams_app import partitions
+from streams_app.redis.entry_ids import id_key
+from streams_app.redis.lag import to_shown
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.partitioning import partitions
 from streams_app.registry import registered
 
 logger = logging.getLogger("streams_app.sync")
@@ -116,7 +116,7 @@ def sync_streams(conn=None, specs=None, now=None, dlq_limit=None, failures=None)
     for name in readable_dlqs:
         pipe.xlen(keys.dead_letter_key(name))
     for name in names:
-        pipe.zcard(keys.scheduled_key(name))  # deferred messages (streams_app/scheduled.py)
+        pipe.zcard(keys.scheduled_key(name))  # deferred messages (streams_app/publishing/scheduled.py)
     replies = pipe.execute(raise_on_error=False)
     dlq_lengths = dict(zip(readable_dlqs, replies))
     failed = next((r for r in dlq_lengths.values() if isinstance(r, Exception)), None)
@@ -158,7 +158,7 @@ def _declared_partitions():
 
 def _sync_stream(conn, name, info, dlq_length, by_group, counts, now, problem, scheduled=0):
     from streams_app.models import ConsumerGroup, Stream
-    from streams_app.lag import backlog
+    from streams_app.redis.lag import backlog
 
     stream_info, groups = info
     stale, alive = counts

@@ -17,7 +17,8 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
 from shoal_common.redis_errors import may_have_run
-from streams_app import keys, partitions
+from streams_app.redis import keys
+from streams_app.partitioning import partitions
 
 from streams_app.admin import logical as logical_views
 from streams_app.admin import pending
@@ -29,9 +30,9 @@ from streams_app.admin.charts import group_chart
 from streams_app.conf import setting
 from streams_app.admin.consumers import group_consumers
 from streams_app.admin.refresh import refresh_context
-from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.exceptions import ReplayError
-from streams_app.lag import from_shown
+from streams_app.redis.lag import from_shown
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from streams_app.deadletters.replay import SKIP_REASONS, replay
 

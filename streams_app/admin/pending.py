@@ -25,18 +25,18 @@ from django.utils.http import urlencode
 
 from shoal_common.redis_errors import is_missing, is_wrongtype, may_have_run
 from shoal_common.text import to_text
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.admin import mirror
 from streams_app.admin.consumers import ALIVE, DEAD, group_consumers, wrong_type_problem
 from streams_app.admin.refresh import refresh_context
 from streams_app.admin.support import check_entry_ids, confirmation, log_actions
 from streams_app.conf import get_settings
-from streams_app.connection import TRANSIENT_ERRORS, page_connection, web_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection, web_connection
 from streams_app.consuming.retry import backoff_policy, backoff_seconds, claimable_idle_ms
 from streams_app.deadletters import store as deadletters
 from streams_app.models import MirrorState
 from streams_app.registry import registered
-from streams_app.lag import find_group, from_shown, to_shown
+from streams_app.redis.lag import find_group, from_shown, to_shown
 
 PENDING_PAGE_SIZE = 50
 PAYLOAD_PREVIEW = 120

@@ -22,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from streams_app.admin.support import confirmation, log_actions, page_context
-from streams_app.connection import TRANSIENT_ERRORS, page_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.models import PeriodicSchedule
 from streams_app.tasks import results, setup

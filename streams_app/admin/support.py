@@ -10,7 +10,7 @@ from shoal_common.admin import (  # noqa: F401  (re-exported for the streams adm
     log_actions,
     redis_unreachable_is_a_message,
 )
-from streams_app.entry_ids import is_entry_id
+from streams_app.redis.entry_ids import is_entry_id
 
 def check_entry_ids(ids):
     """Stream entry ids from a form; anything malformed is a 404, never a Redis error."""

@@ -30,7 +30,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from streams_app.admin.support import confirmation, log_actions, page_context
-from streams_app.connection import TRANSIENT_ERRORS, page_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, page_connection
 from streams_app.exceptions import RejectMessage
 from streams_app.models import TaskResult
 from streams_app.tasks import messages as task_messages

@@ -14,11 +14,11 @@ from django.urls import reverse
 
 from streams_app.admin import mirror
 from streams_app.admin.support import confirmation, log_actions, pretty_json
-from streams_app.connection import web_connection
+from streams_app.redis.connection import web_connection
 from streams_app.exceptions import PublishError, ReplayError
-from streams_app.encoding import encode_payload
+from streams_app.publishing.encoding import encode_payload
 from shoal_common.text import to_text
-from streams_app.codec import apply_types
+from streams_app.publishing.codec import apply_types
 from streams_app.deadletters.replay import JSON_NULL, SKIP_REASONS, replay
 
 

@@ -11,7 +11,7 @@ A base class of loop.GroupLoop, split out by role. It owns ``to_ack``, ``acked_c
 or None) and ``settling`` (the lost-group marker's key), and tells the alone gate (alone.py) that the
 acks a suspect waits for were sent.
 """
-from streams_app.connection import slot_pipeline
+from streams_app.redis.connection import slot_pipeline
 from streams_app.consuming.alone import gate
 
 

@@ -22,7 +22,7 @@ reads and XINFOs a second (bench/tasks_idle.py).
 import redis
 
 from shoal_common.text import to_text
-from streams_app.lag import find_group
+from streams_app.redis.lag import find_group
 
 # How long a yielding band waits before it asks again (seconds).
 YIELD_SECONDS = 0.05

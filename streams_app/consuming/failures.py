@@ -22,14 +22,14 @@ import logging
 import redis
 
 from shoal_common.redis_errors import is_oom
-from streams_app import scripts
-from streams_app.connection import TRANSIENT_ERRORS, slot_pipeline
+from streams_app.redis import scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS, slot_pipeline
 from streams_app.consuming import refusals
 from streams_app.consuming.idempotency import DuplicateInFlight
 from streams_app.consuming.outcomes import Status, dead_lettered
 from streams_app.consuming.retry import backoff_seconds
 from streams_app.deadletters import store as deadletters
-from streams_app.keys import dead_letter_key
+from streams_app.redis.keys import dead_letter_key
 from streams_app.metrics import consumer as metrics
 
 logger = logging.getLogger("streams_app.consumer")

@@ -1,7 +1,7 @@
 """A consumer process follows its streams' live partition layout (``manage.py repartition``).
 
 Which partitions a worker reads is fixed when its read loops start. ``respecify`` makes a worker's specs
-from the live layout (streams_app.layout) when it is made, whatever the specs it was handed (a
+from the live layout (streams_app.partitioning.layout) when it is made, whatever the specs it was handed (a
 zygote's, made before a repartition); ``LayoutFollower`` looks at the layout about once a second and,
 when the partitions to read changed (a repartition started, or finished), stops the worker cleanly
 (in-flight entries finished and acknowledged, leases released) so that it starts again on the new
@@ -13,7 +13,8 @@ A consumer started on one partition of a stream (``runconsumer orders:0.1:email`
 import logging
 from dataclasses import replace
 
-from streams_app import layout, partitions, registry
+from streams_app import registry
+from streams_app.partitioning import layout, partitions
 
 logger = logging.getLogger("streams_app.consumer")
 

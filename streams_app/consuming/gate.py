@@ -4,12 +4,12 @@ Per-key order across ``manage.py repartition`` (docs/cluster.md, "Repartitioning
 messages published before the switch sit in a partition of the previous epoch, those after it in one
 of the new epoch. The new partition's read loop holds its lease as usual but reads nothing until the
 layout is sealed (no publisher writes to the previous partitions any more) and every previous
-partition feeding its keys (streams_app.layout.Layout.feeders: one when N is a multiple of the old
-count) is drained for its group (streams_app.drain). Then it opens for good.
+partition feeding its keys (streams_app.partitioning.layout.Layout.feeders: one when N is a multiple of the old
+count) is drained for its group (streams_app.partitioning.drain). Then it opens for good.
 """
 import logging
 
-from streams_app import drain, layout
+from streams_app.partitioning import drain, layout
 
 logger = logging.getLogger("streams_app.consumer")
 

@@ -3,10 +3,10 @@ the lost-group protocol (lost_group.settle_recreated)."""
 import redis
 
 from shoal_common.redis_errors import is_busygroup, is_nogroup, is_oom, is_wrongtype  # noqa: F401  (re-exported)
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.consuming.lost_group import settle_recreated
 from streams_app.exceptions import StreamTypeError
-from streams_app.lag import group_exists
+from streams_app.redis.lag import group_exists
 
 
 def ensure_group(conn, stream, group, start="0"):

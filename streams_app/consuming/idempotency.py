@@ -30,8 +30,8 @@ import hashlib
 from django.db import IntegrityError, transaction
 
 from shoal_common.text import to_text
-from streams_app import keys
-from streams_app.message import IDEMPOTENCY_ID_FIELD
+from streams_app.redis import keys
+from streams_app.publishing.message import IDEMPOTENCY_ID_FIELD
 
 RUNNING = "running"
 DONE = "done"

@@ -1,6 +1,6 @@
 """Ordered mode's partition leases: which consumer of a group reads which partition.
 
-Each partition ``S:i`` has a lease ``{S:i}:lease:<group>`` (streams_app.keys.lease_key) in the
+Each partition ``S:i`` has a lease ``{S:i}:lease:<group>`` (streams_app.redis.keys.lease_key) in the
 partition's own slot, so the read loop's scripts check it together with the stream (fencing, see
 streams_app.consuming.ordered). Its value is a token naming the holder and the grant; its TTL runs
 on the Redis clock (SET PX, PEXPIRE), renewed every LEASE_INTERVAL_MS by a Coordinator thread.
@@ -25,8 +25,8 @@ import zlib
 import redis
 
 from shoal_common.text import to_text
-from streams_app import keys, scripts
-from streams_app.connection import TRANSIENT_ERRORS, recover
+from streams_app.redis import keys, scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS, recover
 from streams_app.metrics import ordered as metrics
 
 logger = logging.getLogger("streams_app.consumer")

@@ -7,9 +7,9 @@ taken over at once instead of after PENDING_TIMEOUT_MS. Consumers that never wro
 (older deployments, other clients) are not judged: for them the pending timeout still rules.
 """
 from shoal_common.text import to_text
-from streams_app import scripts
-from streams_app.connection import per_slot
-from streams_app.keys import liveness_key
+from streams_app.redis import scripts
+from streams_app.redis.connection import per_slot
+from streams_app.redis.keys import liveness_key
 
 
 def reader_client_name(consumer):

@@ -32,8 +32,9 @@ import redis
 
 from shoal_common.redis_errors import is_lost_group, is_oom, is_unblocked
 from shoal_common.text import to_text
-from streams_app import scripts, tracing
-from streams_app.connection import TRANSIENT_ERRORS, is_cluster
+from streams_app import tracing
+from streams_app.redis import scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS, is_cluster
 from streams_app.consuming import bands, refusals
 from streams_app.consuming.acking import Acking
 from streams_app.consuming.chunks import run_chunk, run_chunk_async, run_suspect, run_suspect_async
@@ -47,8 +48,8 @@ from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_policy
 from streams_app.consuming.runs import RunLedger, RunsNotRecorded
 from streams_app.consuming.stopping import Stopping
 from streams_app.consuming.takeover import TakeOver
-from streams_app.keys import dead_letter_key
-from streams_app.message import Message
+from streams_app.redis.keys import dead_letter_key
+from streams_app.publishing.message import Message
 
 logger = logging.getLogger("streams_app.consumer")
 

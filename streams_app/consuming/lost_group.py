@@ -46,9 +46,9 @@ import redis
 
 from shoal_common.redis_errors import is_oom
 from shoal_common.text import to_text
-from streams_app import keys, scripts
+from streams_app.redis import keys, scripts
 from streams_app.consuming.retry import KEEP_ALIVE_FRACTION, backoff_seconds
-from streams_app.entry_ids import id_key
+from streams_app.redis.entry_ids import id_key
 
 logger = logging.getLogger("streams_app.consumer")
 

@@ -22,8 +22,8 @@ import logging
 import time
 
 from shoal_common.text import to_text
-from streams_app import scripts
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.redis import scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from django.db import close_old_connections
 
 from streams_app.consuming.chunks import Chunk, run_chunk, run_chunk_async
@@ -34,8 +34,8 @@ from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.outcomes import ChunkResult
 from streams_app.consuming.retry import backoff_seconds
 from streams_app.deadletters import store as deadletters
-from streams_app.entry_ids import id_key
-from streams_app.lag import delivered_id
+from streams_app.redis.entry_ids import id_key
+from streams_app.redis.lag import delivered_id
 
 logger = logging.getLogger("streams_app.consumer")
 

@@ -48,9 +48,9 @@ import redis
 
 from shoal_common.redis_errors import is_oom
 from shoal_common.text import to_text
-from streams_app import scripts
-from streams_app.connection import TRANSIENT_ERRORS
-from streams_app.keys import running_key
+from streams_app.redis import scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS
+from streams_app.redis.keys import running_key
 
 logger = logging.getLogger("streams_app.consumer")
 

@@ -17,9 +17,9 @@ import time
 import redis
 
 from shoal_common.backoff import backoff_delay
-from streams_app import scripts
-from streams_app.connection import TRANSIENT_ERRORS, recover
-from streams_app.keys import running_key
+from streams_app.redis import scripts
+from streams_app.redis.connection import TRANSIENT_ERRORS, recover
+from streams_app.redis.keys import running_key
 
 logger = logging.getLogger("streams_app.consumer")
 

@@ -16,7 +16,7 @@ import redis
 
 from shoal_common.redis_errors import is_no_permission
 from shoal_common.text import to_text
-from streams_app.connection import node_client
+from streams_app.redis.connection import node_client
 from streams_app.consuming import liveness, runs
 from streams_app.consuming.retry import backoff_seconds, claimable_idle_ms
 from streams_app.deadletters import store as deadletters

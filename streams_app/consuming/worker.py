@@ -22,13 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 
 from shoal_common import early_signals, logformat, replacement
-from streams_app import broadcast, partitions, registry
+from streams_app import broadcast, registry
+from streams_app.partitioning import partitions
 
 from streams_app.consuming import chunks, liveness
 from shoal_common.exitcodes import EXIT_BURST_UNFINISHED, EXIT_CONFIG, EXIT_CRASH, EXIT_FORCED, EXIT_OK  # noqa: F401
 from streams_app.conf import get_settings
 from shoal_common.redis_errors import is_no_permission, is_oom
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, node_client, reader_connection, recover
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection, node_client, reader_connection, recover
 from streams_app.consuming import refusals
 from streams_app.consuming.burst import BurstGate, BurstGaveUp
 from streams_app.consuming.eventloop import EventLoopRunner
@@ -38,7 +39,7 @@ from streams_app.consuming.leases import LeaseTable
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.naming import consumer_name
-from streams_app.scheduled import Mover
+from streams_app.publishing.scheduled import Mover
 from streams_app.consuming.outage import OutageLog
 
 logger = logging.getLogger("streams_app.consumer")

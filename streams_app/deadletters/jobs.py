@@ -16,8 +16,8 @@ import redis
 from django.db import DatabaseError
 from django.utils import timezone
 
-from streams_app import keys
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.redis import keys
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from streams_app.deadletters.replay import replay
 from streams_app.exceptions import ReplayError
 

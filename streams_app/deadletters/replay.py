@@ -11,18 +11,19 @@ from dataclasses import dataclass, field
 
 import redis
 
-from streams_app import keys, partitions, scripts
-from streams_app.connection import get_connection
+from streams_app.redis import keys, scripts
+from streams_app.partitioning import partitions
+from streams_app.redis.connection import get_connection
 from streams_app.deadletters.store import PACKED_FIELDS, DeadLetter, failed_by
-from streams_app.message import decode_fields
+from streams_app.publishing.message import decode_fields
 from streams_app.exceptions import PublishError, ReplayError
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import to_text
-from streams_app.entry_ids import is_entry_id
-from streams_app.keys import key_type
-from streams_app.lag import find_group, name_bytes, to_shown
-from streams_app.names import validate_stream_name
-from streams_app.encoding import encode_payload
+from streams_app.redis.entry_ids import is_entry_id
+from streams_app.redis.keys import key_type
+from streams_app.redis.lag import find_group, name_bytes, to_shown
+from streams_app.redis.names import validate_stream_name
+from streams_app.publishing.encoding import encode_payload
 
 REPLAY_BATCH = 200
 

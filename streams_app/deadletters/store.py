@@ -18,10 +18,10 @@ import redis
 
 from shoal_common.redis_errors import is_nogroup, is_wrongtype
 from shoal_common.text import safe_text, to_text
-from streams_app import keys, scripts
-from streams_app.connection import get_connection, slot_pipeline
+from streams_app.redis import keys, scripts
+from streams_app.redis.connection import get_connection, slot_pipeline
 from streams_app.consuming.outcomes import exception_text
-from streams_app.message import decode_fields
+from streams_app.publishing.message import decode_fields
 
 logger = logging.getLogger("streams_app.deadletters")
 

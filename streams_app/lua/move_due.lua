@@ -1,4 +1,4 @@
--- Move the due deferred messages of one stream onto it (streams_app/scheduled.py).
+-- Move the due deferred messages of one stream onto it (streams_app/publishing/scheduled.py).
 -- KEYS: the stream, its scheduled set ({S}:scheduled), its scheduled data ({S}:scheduled:data).
 -- ARGV: the most messages to move, the most bytes of fields to move (at least one message moves).
 -- Due means a score at or below this server's clock (TIME), so movers on skewed hosts agree. In

@@ -1,4 +1,4 @@
--- Schedule messages of one stream for deferred delivery (streams_app/scheduled.py).
+-- Schedule messages of one stream for deferred delivery (streams_app/publishing/scheduled.py).
 -- KEYS: the stream, its scheduled set ({S}:scheduled), its scheduled data ({S}:scheduled:data).
 -- ARGV: 'in' (each due time is a delay in ms from now, on this server's clock) or 'at' (epoch ms),
 --       then per message: scheduled id, due, fields (a netstring list: maxlen or '', then names and values).

@@ -123,10 +123,10 @@ class BacklogCollector:
 
     def collect(self):
         from shoal_common.redis_errors import is_wrongtype
-        from streams_app.connection import TRANSIENT_ERRORS, get_connection
-        from streams_app.keys import dead_letter_key
+        from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
+        from streams_app.redis.keys import dead_letter_key
         from streams_app.registry import registered
-        from streams_app.lag import backlog as group_backlog
+        from streams_app.redis.lag import backlog as group_backlog
 
         specs = self._specs if self._specs is not None else registered()
         lag = GaugeMetricFamily("shoal_group_lag", "Entries of the stream not yet delivered to the group.",
@@ -203,7 +203,7 @@ def _text(value):
 
 def _key_types(conn, names):
     """TYPE of each key, asked only for the keys that refused a stream command (none, mostly)."""
-    from streams_app.connection import TRANSIENT_ERRORS
+    from streams_app.redis.connection import TRANSIENT_ERRORS
 
     if not names:
         return []

@@ -13,9 +13,9 @@ from django.db import transaction
 
 from streams_app.conf import setting
 from shoal_common.page_redis import short_timeout_client
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import PublishError
-from streams_app.message import IDEMPOTENCY_ID_FIELD
+from streams_app.publishing.message import IDEMPOTENCY_ID_FIELD
 
 logger = logging.getLogger("streams_app.outbox")
 

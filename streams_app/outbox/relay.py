@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from shoal_common.text import counted, to_text
 from streams_app.conf import get_settings
-from streams_app.connection import TRANSIENT_ERRORS, dedicated_connection
-from streams_app import scheduled
+from streams_app.redis.connection import TRANSIENT_ERRORS, dedicated_connection
+from streams_app.publishing import scheduled
 from streams_app.outbox import cleanup, enqueue
 from streams_app.outbox.guard import guard_for
 
@@ -41,10 +41,10 @@ RETRY_DELAY_MAX = 300.0  # seconds: a row Redis keeps refusing is tried at least
 
 def target_stream(stream, key):
     """Where a row goes: the stream, or for a partitioned stream the partition a direct ``publish``
-    of the same key goes to (streams_app.partitions.route), so both land in one partition, in order.
+    of the same key goes to (streams_app.partitioning.partitions.route), so both land in one partition, in order.
     Outbox rows always have a key, so this never round-robins.
     """
-    from streams_app import partitions
+    from streams_app.partitioning import partitions
 
     if partitions.is_partitioned(stream):
         return partitions.route(stream, key)
@@ -193,7 +193,7 @@ class Relay:
         """Stream -> PartitionConfigError for the streams whose declared partitions differ from Redis's
         record: their rows are refused (kept, retried with a growing delay) rather than sent where no
         consumer reads them."""
-        from streams_app import partitions
+        from streams_app.partitioning import partitions
         from streams_app.exceptions import PartitionConfigError
 
         refused = {}
@@ -226,7 +226,7 @@ class Relay:
 
     def _send(self, rows):
         """XADD ``rows`` in one pipeline; a deferred row's message goes to its stream's scheduled set
-        instead (streams_app/scheduled.py, one script per stream). Their replies in order: the entry id
+        instead (streams_app/publishing/scheduled.py, one script per stream). Their replies in order: the entry id
         or scheduled id, or the error Redis gave the row."""
         deferred = [i for i, row in enumerate(rows) if scheduled.RUN_AFTER_FIELD in row.fields]
         direct = [row for row in rows if scheduled.RUN_AFTER_FIELD not in row.fields]

@@ -5,9 +5,9 @@ import shutil
 from streams_app.metrics import multiprocess
 from streams_app.supervisor.autoscale import Autoscaler
 from streams_app.conf import get_settings
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.consuming.follow import respecify
-from streams_app.lag import read_lags
+from streams_app.redis.lag import read_lags
 from streams_app.metrics.supervisor import PoolMetrics
 from streams_app.supervisor.spawn import ExecSpawner
 from streams_app.supervisor.master import Supervisor

@@ -44,7 +44,7 @@ REPARENT_TIMEOUT = 30.0
 
 def preload(args):
     """Boot as a worker would, then import what a worker runs, so that forks share it all."""
-    from streams_app import layout
+    from streams_app.partitioning import layout
 
     # Nothing may connect to Redis before the fork: the specs use the declared layout here, and each
     # forked worker makes its own from the live one (consuming/follow.py respecify).

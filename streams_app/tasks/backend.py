@@ -19,9 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from streams_app import tracing
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.producer import diverted, publish
+from streams_app.publishing.producer import diverted, publish
 from shoal_common.redisconn import is_cluster
 from streams_app.tasks import counting, messages, options, results, retries, sending
 from streams_app.tasks.lookup import find_task

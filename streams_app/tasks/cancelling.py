@@ -9,7 +9,7 @@ A result that is RUNNING, finished or unknown cannot be cancelled: False.
 """
 import logging
 
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.tasks import options, results
 from streams_app.tasks.api import task_backends
 from streams_app.tasks.exceptions import TaskCancelled

@@ -8,7 +8,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from streams_app.names import validate_stream_name
+from streams_app.redis.names import validate_stream_name
 from streams_app.tasks import messages, options
 from streams_app.tasks.setup import streams_backends
 

@@ -13,7 +13,7 @@ counted in ``shoal_tasks_refused_total{backend}``.
 import logging
 import threading
 
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.tasks import counting, options, results
 from streams_app.tasks.api import task_backends
 

@@ -43,7 +43,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from shoal_common.text import to_text
-from streams_app import scripts
+from streams_app.redis import scripts
 
 _ID = re.compile(r"[A-Za-z0-9]{1,64}")
 _TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")

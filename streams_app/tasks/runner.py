@@ -28,9 +28,9 @@ from django.utils import timezone
 
 from shoal_common.redisconn import is_cluster
 from streams_app import tracing
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.exceptions import RejectMessage
-from streams_app.producer import publish
+from streams_app.publishing.producer import publish
 from streams_app.tasks import counting, messages, refusals, results, retries, timelimits
 from streams_app.tasks.backend import StreamsBackend, to_task_result
 from streams_app.tasks.exceptions import ReturnValueNotJSON

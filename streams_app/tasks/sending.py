@@ -11,8 +11,9 @@ import time
 
 import redis
 
-from streams_app import partitions, scripts
-from streams_app.encoding import message_encoder
+from streams_app.partitioning import partitions
+from streams_app.redis import scripts
+from streams_app.publishing.encoding import message_encoder
 from streams_app.tasks import results
 
 

@@ -3,7 +3,7 @@ from django import template
 
 from streams_app.admin import mirror
 from streams_app.conf import get_settings
-from streams_app.connection import page_connection
+from streams_app.redis.connection import page_connection
 
 register = template.Library()
 

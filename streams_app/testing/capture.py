@@ -2,7 +2,7 @@
 
 While a capture is active, ``publish``, ``publish_many`` and ``publish(..., outbox=True)`` validate
 and encode their input as always, then hand the entries to this module through the producer's one
-seam (``streams_app.producer.set_publish_hook``) instead of Redis or the outbox table. Direct
+seam (``streams_app.publishing.producer.set_publish_hook``) instead of Redis or the outbox table. Direct
 publishes are recorded at once; outbox publishes when their transaction commits, as the relay would
 see them (``transaction.on_commit``: in a ``TestCase``, inside ``self.captureOnCommitCallbacks(execute=True)``).
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 from django.db import transaction
 
-from streams_app import producer
-from streams_app.message import Message
+from streams_app.publishing import producer
+from streams_app.publishing.message import Message
 from streams_app.testing.messages import as_stored, new_entry_id
 
 _lock = threading.RLock()

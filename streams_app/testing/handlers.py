@@ -25,7 +25,7 @@ from streams_app.consuming.idempotency import DbGuard, message_key
 from streams_app.consuming.outcomes import ChunkResult, dead_lettered, exception_text
 from streams_app.consuming.retry import backoff_policy, backoff_seconds
 from streams_app.exceptions import ConsumerConfigError
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.registry import ConsumerSpec, declared
 from streams_app.testing.capture import Published, capture_publishes, drained_ids, guard_marks, marks_scope
 

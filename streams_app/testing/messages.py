@@ -8,9 +8,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from streams_app.message import Message
-from streams_app.names import validate_stream_name
-from streams_app.encoding import encode_message
+from streams_app.publishing.message import Message
+from streams_app.redis.names import validate_stream_name
+from streams_app.publishing.encoding import encode_message
 
 # A Redis stream entry id: <milliseconds>-<sequence>, both whole numbers; 0-0 is the one Redis never gives.
 _ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.testing.capture import Published, capture_publishes
 from streams_app.testing.handlers import Report, drain, run_handlers
 

@@ -46,7 +46,7 @@ import pytest
 import redis as redis_py
 
 from project.env import env_bool
-from streams_app.encoding import encode_message
+from streams_app.publishing.encoding import encode_message
 from tests.chaos import faults
 from tests.conftest import ROOT, ConsumerProcess
 from tests.netproxy import NetProxy

@@ -27,8 +27,8 @@ from collections import Counter
 import pytest
 import redis as redis_py
 
-from streams_app import keys as keys_module
-from streams_app.encoding import encode_message
+from streams_app.redis import keys as keys_module
+from streams_app.publishing.encoding import encode_message
 from tests.conftest import ROOT, ConsumerProcess
 from tests.testapp.consumers import SLOW_CHAOS_STREAM
 from tests.waiting import wait_for

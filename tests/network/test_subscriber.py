@@ -7,7 +7,7 @@ import time
 import pytest
 
 from shoal_common.pubsub import Subscriber
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from tests.waiting import wait_for
 
 

@@ -39,7 +39,7 @@ def _readyz(client):
 
 def _broadcast_reaches_this_process():
     """A ``ping`` broadcast, answered by this process's listener (a hash field under its pid)."""
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     key = f"shoal:broadcast:ping:{uuid.uuid4().hex}"
     broadcast.broadcast("ping", {"reply_to": key})

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from streams_app.broadcast import broadcast
-from streams_app.connection import node_client
+from streams_app.redis.connection import node_client
 from tests.conftest import ConsumerProcess
 from tests.waiting import wait_for
 

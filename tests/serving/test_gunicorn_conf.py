@@ -36,7 +36,7 @@ def test_the_master_side_of_the_config_imports_no_app_code(tmp_path):
     assert conf["imported"] == ["project", "project.devenv", "shoal_common", "shoal_common.cpus",
                                 "shoal_common.web_recycling", "shoal_common.web_rollout", "shoal_common.web_supervision",
                                 "streams_app",
-                                "streams_app.gunicorn_conf", "streams_app.metrics", "streams_app.metrics.multiprocess"]
+                                "streams_app.metrics", "streams_app.metrics.multiprocess", "streams_app.web", "streams_app.web.gunicorn_conf"]
     assert conf["workers"] == 3 and conf["threads"] == 4
     assert conf["preload_app"] is False and conf["graceful_timeout"] == 30
     assert conf["max_requests"] > 0 and 0 < conf["jitter"] < conf["max_requests"]

@@ -1,6 +1,6 @@
 """The web tier in a host project: a fresh ``django-admin startproject`` with Django's stock wsgi.py and
 the README's blocks, the wheel of this checkout in a venv of its own, gunicorn started as the README says
-(``gunicorn -c python:streams_app.gunicorn_conf host.wsgi``).
+(``gunicorn -c python:streams_app.web.gunicorn_conf host.wsgi``).
 
 What the reference deployment's project/wsgi.py cannot hide here: a deploy that cannot load (a view
 that imports a missing module, a setting the system checks refuse, a middleware that fails every
@@ -245,7 +245,7 @@ def test_readyz_fails_while_the_application_cannot_load_with_the_middleware_firs
     # (any WSGI server): nothing checked the app at boot, every page is a 500, and /readyz must say so.
     site, venv, env = site
     with open(site / "host" / "settings.py", "a") as f:
-        f.write('\nMIDDLEWARE = ["streams_app.health.HealthCheckMiddleware", *MIDDLEWARE]\n')
+        f.write('\nMIDDLEWARE = ["streams_app.web.health.HealthCheckMiddleware", *MIDDLEWARE]\n')
     (site / "shop" / "views.py").write_text(BROKEN_VIEWS)
     server = HostGunicorn(site, venv, env, port=free_port(), workers=1, config=None)
     servers.append(server)

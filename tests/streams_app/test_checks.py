@@ -27,7 +27,7 @@ def test_unknown_alias(settings):
 
 
 def test_a_block_longer_than_the_socket_timeout_is_fine(settings):
-    # A consumer's reader has a socket timeout of its own, BLOCK_MS + 5 s (streams_app.connection):
+    # A consumer's reader has a socket timeout of its own, BLOCK_MS + 5 s (streams_app.redis.connection):
     # the shared pool's SOCKET_TIMEOUT (5 s by default) does not bound a blocking read.
     assert ids({"BLOCK_MS": 60_000, "PENDING_TIMEOUT_MS": 120_000}, settings) == []
 

@@ -10,14 +10,14 @@ import pytest
 import redis as redis_lib
 from redis.cluster import RedisCluster
 
-from streams_app.health import check_redis
+from streams_app.web.health import check_redis
 from shoal_common.redisconn import TRANSIENT_ERRORS, ConnectionFactory, node_client
 from streams_app import publish_many
 from streams_app.conf import get_settings
-from streams_app.connection import dedicated_connection, get_connection
+from streams_app.redis.connection import dedicated_connection, get_connection
 from streams_app.consuming.loop import GroupLoop
 from streams_app.consuming.worker import Shutdown, Worker
-from streams_app.keys import liveness_key
+from streams_app.redis.keys import liveness_key
 from streams_app.registry import ConsumerSpec
 from tests.redis_cluster import RedisClusterServer
 from tests.testapp.consumers import behave

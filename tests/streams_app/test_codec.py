@@ -1,4 +1,4 @@
-"""The payload codec (streams_app/codec.py): the envelope, both engines, refusals, exact size limit."""
+"""The payload codec (streams_app/publishing/codec.py): the envelope, both engines, refusals, exact size limit."""
 import datetime
 import decimal
 import json
@@ -8,10 +8,12 @@ import uuid
 import pytest
 from django.core.management import CommandError, call_command
 
-from streams_app import codec, keys, publish, publish_many
+from streams_app import publish, publish_many
+from streams_app.publishing import codec
+from streams_app.redis import keys
 from streams_app.checks import check_streams_settings
 from streams_app.exceptions import PayloadDecodeError, PublishError
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 
 ENGINES = ["json", "orjson"]
 UTC = datetime.UTC

@@ -11,8 +11,9 @@ from collections import Counter
 
 import pytest
 
-from streams_app import partitions, publish
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app import publish
+from streams_app.partitioning import partitions
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import NotReplicatedError, PartialPublishError
 from tests.redis_cluster import NODE_TIMEOUT_MS, RedisClusterServer
 from tests.waiting import wait_for

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from streams_app.health import run_checks
+from streams_app.web.health import run_checks
 
 
 def test_healthz_answers_without_io_and_whatever_the_host(client):

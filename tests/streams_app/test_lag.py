@@ -2,7 +2,7 @@
 import pytest
 
 
-from streams_app.lag import GroupLag, estimate_lag, group_lag
+from streams_app.redis.lag import GroupLag, estimate_lag, group_lag
 
 pytestmark = pytest.mark.both_redis
 

@@ -5,14 +5,15 @@ from collections import Counter
 import pytest
 from redis.cluster import RedisCluster
 
-from streams_app import partitions, publish, publish_many
-from streams_app.connection import get_connection
+from streams_app import publish, publish_many
+from streams_app.partitioning import partitions
+from streams_app.redis.connection import get_connection
 from streams_app.deadletters.replay import replay
 from streams_app.exceptions import PartitionConfigError
-from streams_app.keys import dead_letter_key
+from streams_app.redis.keys import dead_letter_key
 from streams_app.metrics.consumer import BacklogCollector
 from streams_app.registry import select
-from streams_app.lag import read_lags
+from streams_app.redis.lag import read_lags
 from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for
 

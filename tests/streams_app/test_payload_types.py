@@ -9,7 +9,8 @@ import zoneinfo
 import pytest
 from django.core.management import call_command
 
-from streams_app import keys, publish
+from streams_app import publish
+from streams_app.redis import keys
 from streams_app.admin import mirror
 from streams_app.models import DeadLetter
 from tests.streams_app.admin.fixtures import staff_client  # noqa: F401

@@ -29,7 +29,7 @@ def test_publish_many_keeps_order_and_returns_every_id(redis):
 
 
 def test_publish_on_a_pipeline_is_sent_with_it(redis):
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     pipe = get_connection().pipeline()
     assert publish("orders", {"a": 1}, pipeline=pipe) is None
@@ -115,7 +115,7 @@ def test_publish_waiting_for_replicas_says_when_none_confirmed(redis):
 
 @pytest.mark.parametrize("partitioned", [False, True])
 def test_publish_many_waiting_for_replicas_stores_everything_and_names_the_unconfirmed(partitioned, redis, settings):
-    from streams_app import partitions
+    from streams_app.partitioning import partitions
     from streams_app.exceptions import NotReplicatedError
 
     if partitioned:

@@ -4,7 +4,7 @@ import pytest
 from redis.crc import key_slot
 
 from streams_app import publish_many
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from tests.redis_cluster import RedisClusterServer
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from streams_app import partitions, publish_many
+from streams_app import publish_many
+from streams_app.partitioning import partitions
 from tests.redis_cluster import RedisClusterServer
 from tests.waiting import wait_for
 

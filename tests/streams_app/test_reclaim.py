@@ -11,10 +11,10 @@ from prometheus_client import REGISTRY
 from streams_app import publish_many
 from streams_app.conf import get_settings
 from streams_app.deadletters import store as deadletters
-from streams_app.keys import running_key
-from streams_app.connection import get_connection, node_client
+from streams_app.redis.keys import running_key
+from streams_app.redis.connection import get_connection, node_client
 from streams_app.models import GroupSnapshot
-from streams_app.reclaim import Reclaimer
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.waiting import wait_for
 from datetime import UTC
@@ -63,7 +63,7 @@ def test_two_reclaimers_racing_in_threads_move_each_entry_once(redis):
     reports = [None, None]
 
     def run(index):
-        from streams_app.reclaim import PassReport
+        from streams_app.operations.reclaim import PassReport
 
         reports[index] = PassReport()
         start.wait()

@@ -1,4 +1,4 @@
-"""manage.py repartition / streams_app.repartition: the live layout, its phases, resuming, the lock, deferred messages."""
+"""manage.py repartition / streams_app.operations.repartition: the live layout, its phases, resuming, the lock, deferred messages."""
 import json
 import threading
 import time
@@ -9,10 +9,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from streams_app import drain, layout, partitions, publish, publish_many
-from streams_app.connection import get_connection
-from streams_app.keys import scheduled_key
-from streams_app.repartition import RepartitionError, lock_key, repartition
+from streams_app import publish, publish_many
+from streams_app.partitioning import drain, layout, partitions
+from streams_app.redis.connection import get_connection
+from streams_app.redis.keys import scheduled_key
+from streams_app.operations.repartition import RepartitionError, lock_key, repartition
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.both_redis
@@ -149,7 +150,7 @@ def test_a_system_check_warns_while_the_setting_names_another_count(invoices, re
 
 def test_dead_letters_follow_to_the_live_partitions_and_replay_finds_them(invoices, redis):
     from streams_app.deadletters.replay import replay
-    from streams_app.keys import dead_letter_key
+    from streams_app.redis.keys import dead_letter_key
 
     conn = get_connection()
     for name in invoices:
@@ -174,8 +175,8 @@ def test_dead_letters_follow_to_the_live_partitions_and_replay_finds_them(invoic
 
 @pytest.mark.django_db
 def test_the_reclaimer_and_the_lag_follow_the_live_layout(invoices, redis, settings):
-    from streams_app.lag import read_lags
-    from streams_app.reclaim import Reclaimer
+    from streams_app.redis.lag import read_lags
+    from streams_app.operations.reclaim import Reclaimer
     from streams_app.registry import select
 
     settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"ordered": 4}}

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from streams_app import layout, partitions, publish, publish_many
+from streams_app import publish, publish_many
+from streams_app.partitioning import layout, partitions
 from tests.processes import descendants
 from tests.streams_app.consuming.test_ordered import LEASES, assert_per_key_order, keyed
 from tests.waiting import wait_for

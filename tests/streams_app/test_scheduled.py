@@ -1,5 +1,5 @@
 """Deferred messages in one process: publish(..., run_after=...), the scheduled set, the move script,
-the consumers' Mover and the reclaim daemon's backstop (streams_app/scheduled.py)."""
+the consumers' Mover and the reclaim daemon's backstop (streams_app/publishing/scheduled.py)."""
 import io
 import json
 import logging
@@ -10,12 +10,14 @@ import pytest
 from redis.cluster import RedisCluster
 from django.core.management import CommandError, call_command
 
-from streams_app import partitions, publish, publish_many, scheduled
-from streams_app.connection import get_connection, node_client
+from streams_app import publish, publish_many
+from streams_app.partitioning import partitions
+from streams_app.publishing import scheduled
+from streams_app.redis.connection import get_connection, node_client
 from streams_app.exceptions import PartialPublishError, PublishError
-from streams_app.keys import scheduled_data_key, scheduled_key
-from streams_app.message import Message
-from streams_app.reclaim import Reclaimer
+from streams_app.redis.keys import scheduled_data_key, scheduled_key
+from streams_app.publishing.message import Message
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.waiting import wait_for
 

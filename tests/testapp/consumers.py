@@ -12,7 +12,7 @@ import time
 import zlib
 
 from streams_app import consumer
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 
 
 def record(kind, message):

@@ -79,7 +79,7 @@ def not_a_task():
 @task()
 def flush_then(outcome):
     """Redis loses its data while this runs (a FLUSHALL), then it returns ``outcome``, or raises."""
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     get_connection().flushdb()
     if outcome == "raise":

@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 from shoal_common.cli import ShoalCommand
 
 from streams_app.broadcast import VALIDATORS, broadcast, handlers_for
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
 from streams_app.exceptions import BroadcastError
 
 

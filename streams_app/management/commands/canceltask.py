@@ -2,7 +2,7 @@ from django.core.management.base import CommandError
 
 from shoal_common.cli import ShoalCommand
 
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from streams_app.tasks import api_available, results
 
 
@@ -18,7 +18,7 @@ class Command(ShoalCommand):
         if not api_available():
             raise CommandError("Django's Tasks API is not installed: Django 6.0+, or pip install django-shoal[tasks] "
                                "on Django 5.2.")
-        from streams_app.connection import get_connection
+        from streams_app.redis.connection import get_connection
         from streams_app.tasks.cancelling import cancel
 
         bad = [result_id for result_id in ids if not results.valid_id(result_id)]

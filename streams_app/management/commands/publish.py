@@ -9,9 +9,9 @@ from django.core.management.base import CommandError
 
 from shoal_common.cli import ShoalCommand
 
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import PartialPublishError, PartitionConfigError, PublishError
-from streams_app.producer import publish, publish_many
+from streams_app.publishing.producer import publish, publish_many
 
 
 class Command(ShoalCommand):

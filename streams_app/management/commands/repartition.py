@@ -2,9 +2,9 @@ from django.core.management.base import CommandError
 
 from shoal_common.cli import ShoalCommand
 
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
-from streams_app.repartition import MOST_PARTITIONS, repartition
+from streams_app.operations.repartition import MOST_PARTITIONS, repartition
 
 
 class Command(ShoalCommand):
@@ -41,8 +41,8 @@ def _known(stream):
     """CommandError for a stream nothing knows (a typo): not in STREAMS["PARTITIONS"], read by no @consumer,
     and without a key in Redis, partitions and layout included. A trial's ``repartition nosuch 4`` wrote
     a layout and exited 0."""
-    from streams_app import layout, partitions
-    from streams_app.connection import get_connection
+    from streams_app.partitioning import layout, partitions
+    from streams_app.redis.connection import get_connection
     from streams_app.registry import registered
 
     declared = partitions.count(stream) > 1

@@ -4,8 +4,8 @@ from django.core.management.base import CommandError
 
 from shoal_common.cli import ShoalCommand
 
-from streams_app.codec import apply_types
-from streams_app.connection import TRANSIENT_ERRORS
+from streams_app.publishing.codec import apply_types
+from streams_app.redis.connection import TRANSIENT_ERRORS
 from streams_app.exceptions import StreamsError
 from streams_app.deadletters.replay import JSON_NULL, SKIP_REASONS, replay
 

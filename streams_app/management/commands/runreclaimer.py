@@ -8,7 +8,7 @@ from shoal_common.cli import DaemonCommand, log_level, port, positive_float
 from shoal_common.text import counted
 
 from streams_app.consuming.worker import EXIT_CONFIG
-from streams_app.reclaim import Reclaimer
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.checks import settings_errors
 from streams_app.registry import registered
 

@@ -29,10 +29,11 @@ import time
 from asgiref.sync import iscoroutinefunction
 
 from shoal_common.text import to_text
-from streams_app import keys, partitions, scripts
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, is_cluster
+from streams_app.redis import keys, scripts
+from streams_app.partitioning import partitions
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection, is_cluster
 from streams_app.exceptions import PublishError, RejectMessage
-from streams_app.encoding import encode_message
+from streams_app.publishing.encoding import encode_message
 from streams_app.tasks import messages, results
 from streams_app.tasks.periodic.schedule import due, to_datetime
 

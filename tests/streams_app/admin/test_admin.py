@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 
-from streams_app import keys
+from streams_app.redis import keys
 
 from streams_app.admin import mirror
-from streams_app.connection import node_client
+from streams_app.redis.connection import node_client
 from streams_app.models import ConsumerGroup, DeadLetter, GroupSnapshot
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
 

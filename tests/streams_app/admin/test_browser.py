@@ -17,10 +17,11 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from discovery_app.registry import ServiceRegistry
-from streams_app import keys, publish_many
+from streams_app import publish_many
+from streams_app.redis import keys
 from streams_app.conf import get_settings
-from streams_app.connection import get_connection
-from streams_app.reclaim import Reclaimer
+from streams_app.redis.connection import get_connection
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.streams_app.consuming.loops import make_loop, run_until  # noqa: F401
 from tests.waiting import wait_for

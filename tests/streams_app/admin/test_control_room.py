@@ -5,7 +5,8 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
-from streams_app import keys, publish, publish_many
+from streams_app import publish, publish_many
+from streams_app.redis import keys
 from streams_app.admin import mirror
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter
@@ -219,9 +220,9 @@ def test_bulk_actions_work_through_every_matching_entry_on_the_server_not_the_pa
 @pytest.mark.both_redis
 def test_replay_all_of_a_groups_dead_letters_runs_in_the_reclaim_daemon_with_its_progress_shown(staff_client, redis):
     from streams_app.conf import get_settings
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
     from streams_app.models import ReplayJob
-    from streams_app.reclaim import Reclaimer
+    from streams_app.operations.reclaim import Reclaimer
     from streams_app.registry import select
 
     dead_letter(redis, [{"n": n} for n in range(1200)], group="a")

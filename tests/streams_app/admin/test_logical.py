@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from streams_app import partitions, publish_many
+from streams_app import publish_many
+from streams_app.partitioning import partitions
 from streams_app.admin.mirror import entry_sort_key
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, Stream
@@ -109,8 +110,8 @@ def test_the_logical_pending_page_without_a_group_is_not_found(staff_client, ord
 
 
 def test_the_logical_stream_page_follows_a_repartition_draining_partitions_included(staff_client, redis, settings):
-    from streams_app import layout
-    from streams_app.repartition import repartition
+    from streams_app.partitioning import layout
+    from streams_app.operations.repartition import repartition
 
     settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"jn": 2}}
     old = partitions.names("jn")

@@ -1,12 +1,13 @@
 """The admin's mirror of Redis: streams, groups and dead letters copied (incrementally) into the database."""
 import pytest
 
-from streams_app import keys, publish_many
+from streams_app import publish_many
+from streams_app.redis import keys
 
 from streams_app.admin import mirror
 from streams_app.admin.charts import series_from
 from streams_app.models import ConsumerGroup, DeadLetter, GroupSnapshot, MirrorState, Stream
-from streams_app.reclaim import Reclaimer
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import select
 from tests.streams_app.admin.fixtures import dead_letter, pending
 from datetime import UTC

@@ -2,11 +2,12 @@
 reclaim pass or another stream's copy; null lag is estimated, never zero (issue 23)."""
 import pytest
 
-from streams_app import keys, publish_many
+from streams_app import publish_many
+from streams_app.redis import keys
 from streams_app.admin import mirror
 from streams_app.metrics.consumer import BacklogCollector
 from streams_app.models import ConsumerGroup, DeadLetter, MirrorState, Stream
-from streams_app.reclaim import Reclaimer
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import ConsumerSpec, _registry, select
 from tests.streams_app.admin.fixtures import pending, staff_client  # noqa: F401
 

@@ -2,7 +2,8 @@
 client, and the replay command it sends operators to."""
 import pytest
 
-from streams_app import keys, publish_many
+from streams_app import publish_many
+from streams_app.redis import keys
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter, Stream
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
@@ -85,8 +86,8 @@ def test_find_a_message_names_a_stream_or_dead_letter_key_of_another_type_instea
 @pytest.mark.parametrize("loss", ["deleted", "another type"])
 def test_dead_letters_whose_key_left_redis_leave_every_page_and_count(staff_client, redis, loss):
     from streams_app.conf import get_settings
-    from streams_app.connection import get_connection
-    from streams_app.reclaim import Reclaimer
+    from streams_app.redis.connection import get_connection
+    from streams_app.operations.reclaim import Reclaimer
     from streams_app.registry import select
 
     dead_letter(redis, [{"n": 1}, {"n": 2}], group="a")
@@ -170,7 +171,7 @@ def test_replaying_a_too_wide_dead_letter_says_why_it_cannot_and_keeps_it_listed
 # -- item 5: a bulk replay cut short: the batch in flight is in doubt --------------------------------
 
 def test_a_bulk_replay_cut_short_by_a_hung_redis_counts_the_batch_in_flight_as_in_doubt(staff_client, hung_redis):
-    from streams_app import scripts
+    from streams_app.redis import scripts
     from streams_app.admin import mirror
     from tests.waiting import wait_for
 
@@ -210,8 +211,8 @@ def test_a_replay_job_taken_over_after_its_runner_died_keeps_every_count(staff_c
 
     from django.utils import timezone
 
-    from streams_app import scripts
-    from streams_app.connection import get_connection
+    from streams_app.redis import scripts
+    from streams_app.redis.connection import get_connection
     from streams_app.deadletters import jobs
     from streams_app.models import ReplayJob
 
@@ -272,7 +273,7 @@ def test_pending_in_all_partitions_shows_the_last_copy_when_redis_is_away(staff_
                                                                            settings, outage):
     import signal
 
-    from streams_app import partitions
+    from streams_app.partitioning import partitions
     from streams_app.admin import mirror
 
     settings.STREAMS = {"PARTITIONS": {"orders": 3}, "ADMIN_REDIS_TIMEOUT": 0.5}

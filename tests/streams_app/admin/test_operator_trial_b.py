@@ -4,7 +4,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.consuming.groups import ensure_group
 from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, pending, staff_client  # noqa: F401
@@ -307,7 +307,7 @@ def test_a_replay_job_writes_one_log_entry_per_replayed_dead_letter_by_whoever_q
     from django.contrib.admin.models import CHANGE, LogEntry
     from django.contrib.contenttypes.models import ContentType
 
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
     from streams_app.deadletters import jobs
 
     letters = dead_letter(redis, [{"n": n} for n in range(450)], group="a")

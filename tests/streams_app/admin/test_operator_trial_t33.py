@@ -3,7 +3,7 @@ Shoal's own groups read. Replays and Find a message go on for every group, that 
 import pytest
 from django.core.management import call_command
 
-from streams_app import keys
+from streams_app.redis import keys
 from streams_app.models import ConsumerGroup, DeadLetter
 from tests.streams_app.admin.fixtures import dead_letter, staff_client  # noqa: F401
 
@@ -123,7 +123,7 @@ def twins(redis_server, redis):
 
 @pytest.mark.parametrize("name", [BYTE, LITERAL, b"grp\xff\xfe", b"a\x00b", b"a\\\\b", "caf\u00e9", "plain", b""])
 def test_a_shown_name_reads_back_as_the_bytes_redis_holds_and_two_names_are_never_shown_alike(name):
-    from streams_app.lag import from_shown, name_bytes, to_shown
+    from streams_app.redis.lag import from_shown, name_bytes, to_shown
 
     assert name_bytes(from_shown(to_shown(name))) == name_bytes(name)
     assert "\x00" not in to_shown(name)  # a form sends it back, PostgreSQL stores it

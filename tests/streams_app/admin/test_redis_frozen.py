@@ -69,7 +69,7 @@ def test_a_page_asks_a_hung_redis_once_then_fails_at_once(frozen_redis, settings
     import redis as redis_lib
 
     from shoal_common.page_redis import OneAttempt
-    from streams_app.connection import web_connection
+    from streams_app.redis.connection import web_connection
 
     settings.STREAMS = {"ADMIN_REDIS_TIMEOUT": 0.5}
     client, freeze = frozen_redis

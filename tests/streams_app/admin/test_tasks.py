@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from streams_app.exceptions import RejectMessage
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import results
 from streams_app.tasks.runner import run_message
 from tests import tasks_settings

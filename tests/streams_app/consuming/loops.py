@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from streams_app.conf import get_settings
-from streams_app.connection import dedicated_connection, get_connection
+from streams_app.redis.connection import dedicated_connection, get_connection
 from streams_app.consuming.loop import GroupLoop
 from streams_app.registry import select
 from streams_app.consuming.worker import Shutdown

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from streams_app.connection import node_client
+from streams_app.redis.connection import node_client
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_redis]

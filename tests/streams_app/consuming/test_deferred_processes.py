@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from streams_app import partitions, publish_many
-from streams_app.keys import scheduled_data_key, scheduled_key
+from streams_app import publish_many
+from streams_app.partitioning import partitions
+from streams_app.redis.keys import scheduled_data_key, scheduled_key
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_redis]

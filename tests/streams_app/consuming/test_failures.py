@@ -7,7 +7,7 @@ from redis.exceptions import ResponseError
 from django.core.management import CommandError, call_command
 
 from streams_app import publish, publish_many
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.deadletters.store import dead_letter_count, dead_letters, delete_dead_letters, move
 from streams_app.exceptions import ConsumerConfigError, ReplayError
 from streams_app.registry import consumer
@@ -490,7 +490,7 @@ def test_dead_letters_written_before_the_shoal_prefix_are_still_read_and_replaye
 
 
 def test_only_shoal_marks_an_entry_as_replayed_for_one_group():
-    from streams_app.message import Message
+    from streams_app.publishing.message import Message
 
     def target(fields):
         return Message("1-0", "jobs", "a", fields).target_group

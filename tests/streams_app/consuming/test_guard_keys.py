@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from streams_app.consuming.idempotency import guard_key, message_key
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 
 
 def before_the_bytes_rule(key):

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from streams_app import publish, publish_many
-from streams_app.connection import get_connection, node_client
+from streams_app.redis.connection import get_connection, node_client
 from streams_app.consuming.groups import ensure_group
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401  (make_loop is a fixture)
 from tests.waiting import wait_for

@@ -14,16 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client import REGISTRY
 
-from streams_app import partitions, publish, publish_many
+from streams_app import publish, publish_many
+from streams_app.partitioning import partitions
 from streams_app.conf import get_settings
-from streams_app.connection import node_client
-from streams_app.connection import dedicated_connection, get_connection
+from streams_app.redis.connection import node_client
+from streams_app.redis.connection import dedicated_connection, get_connection
 from streams_app.consuming.eventloop import EventLoopRunner
 from streams_app.consuming.leases import Coordinator, Lease
 from streams_app.consuming.ordered import OrderedGroupLoop
 from streams_app.consuming.worker import Shutdown
 from streams_app.exceptions import ConsumerConfigError
-from streams_app.keys import lease_key
+from streams_app.redis.keys import lease_key
 from streams_app.registry import consumer, select
 from tests.processes import descendants
 from tests.waiting import wait_for

@@ -6,7 +6,7 @@ import socket
 import redis as redis_lib
 
 from streams_app import publish_many
-from streams_app.keys import running_key
+from streams_app.redis.keys import running_key
 from tests.streams_app.consuming.loops import make_loop, run_until, settled  # noqa: F401
 
 

@@ -11,7 +11,7 @@ from streams_app import publish_many
 
 from streams_app.metrics import consumer as metrics
 from streams_app.consuming.chunks import run_chunk
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.registry import select
 from tests.redis_server import free_port
 from tests.waiting import wait_for
@@ -149,7 +149,7 @@ def test_backlog_collector_with_no_groups_still_says_when_redis_is_down(redis_fa
 
 def test_backlog_collector_with_no_groups_says_when_redis_is_frozen(redis_factory, use_redis):
     from shoal_common.redisconn import dedicated_connection
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     server = redis_factory()
     use_redis(server)

@@ -155,7 +155,7 @@ def test_bad_input_fails_in_the_callers_transaction(redis, relay):
 def test_messages_sharing_a_key_have_one_effect_each_and_a_resent_copy_none(redis, relay):
     """The docs' own key=f"order-{pk}" names several events of one order: each has its own effect."""
     from streams_app.consuming.idempotency import DbGuard, RedisGuard
-    from streams_app.message import Message
+    from streams_app.publishing.message import Message
 
     with transaction.atomic():
         publish("orders", {"event": "created"}, key="order-1", outbox=True)
@@ -274,7 +274,7 @@ def test_the_relay_publishes_the_backlog_gauges(redis, relay):
 
 
 def test_the_relay_routes_a_partitioned_streams_rows_as_a_direct_publish_does(settings):
-    from streams_app import partitions
+    from streams_app.partitioning import partitions
     from streams_app.outbox.relay import target_stream
 
     settings.STREAMS = {**settings.STREAMS, "PARTITIONS": {"orders": 6}}

@@ -1,5 +1,5 @@
 """publish(..., outbox=True, run_after=...): the row commits with the caller's transaction, the relay
-schedules it, the consumers' mover delivers it when due (streams_app/scheduled.py, outbox/relay.py)."""
+schedules it, the consumers' mover delivers it when due (streams_app/publishing/scheduled.py, outbox/relay.py)."""
 import json
 import math
 import time
@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from streams_app import partitions, publish, publish_many, scheduled
-from streams_app.connection import get_connection
-from streams_app.keys import scheduled_key
+from streams_app import publish, publish_many
+from streams_app.partitioning import partitions
+from streams_app.publishing import scheduled
+from streams_app.redis.connection import get_connection
+from streams_app.redis.keys import scheduled_key
 from streams_app.outbox.models import OutboxMessage
 from streams_app.outbox.relay import Relay
 

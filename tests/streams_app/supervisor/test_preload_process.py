@@ -25,7 +25,7 @@ HANDLER = textwrap.dedent("""
     import os
     import time
     from streams_app import consumer
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     VERSION = {version!r}
     IMPORTED_IN = os.getpid()

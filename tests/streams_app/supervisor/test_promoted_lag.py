@@ -9,13 +9,13 @@ import pytest
 
 from streams_app import publish_many
 from streams_app.admin import mirror
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
 from streams_app.models import ConsumerGroup, GroupSnapshot
-from streams_app.reclaim import Reclaimer
+from streams_app.operations.reclaim import Reclaimer
 from streams_app.registry import select
-from streams_app.lag import GroupLag, checked_lag, group_lag, lag_is_trusted
+from streams_app.redis.lag import GroupLag, checked_lag, group_lag, lag_is_trusted
 from tests.waiting import wait_for
 
 UNREAD = 5

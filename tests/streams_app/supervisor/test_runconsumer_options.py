@@ -5,7 +5,7 @@ import signal
 import pytest
 from django.core.management import CommandError, call_command
 
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.supervisor.spawn import ExecSpawner
 from tests.waiting import wait_for
 

@@ -12,7 +12,7 @@ import pytest
 import redis as redis_lib
 
 from streams_app.supervisor.autoscale import Autoscaler, decide
-from streams_app.lag import GroupLag
+from streams_app.redis.lag import GroupLag
 from streams_app.supervisor.master import EXIT_BOOT_ERROR, EXIT_CRASH_LOOP, EXIT_FORCED, EXIT_OK, STOP_GRACE, Supervisor
 
 

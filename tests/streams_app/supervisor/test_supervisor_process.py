@@ -71,7 +71,7 @@ def handler_app(tmp_path):
         source = body or textwrap.dedent(f"""
             import time
             from streams_app import consumer
-            from streams_app.connection import get_connection
+            from streams_app.redis.connection import get_connection
 
             VERSION = {version!r}
 
@@ -340,7 +340,7 @@ def test_worker_counters_are_summed_across_workers_and_survive_a_worker_kill(red
 
 def test_every_consumer_worker_hears_a_broadcast(redis, supervise):
     from streams_app.broadcast import broadcast
-    from streams_app.connection import node_client
+    from streams_app.redis.connection import node_client
 
     master = supervise("jobs:a", "--workers", "2", *FAST)
     wait_for(lambda: dict(node_client(redis, "shoal:broadcast").pubsub_numsub("shoal:broadcast")).get("shoal:broadcast") == 2, timeout=30,

@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from shoal_common.redisconn import is_cluster
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import results
 from streams_app.tasks.awaiting import AsyncQueueHandler, GroupWrite
 from streams_app.tasks.cancelling import cancel

@@ -8,7 +8,7 @@ from asgiref.sync import async_to_sync
 
 from shoal_common.redisconn import is_cluster
 from streams_app.exceptions import RejectMessage
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import refusals, results
 from streams_app.tasks.checks import check_tasks_settings
 from streams_app.tasks.api import TaskResultDoesNotExist, task_enqueued, task_finished, task_started

@@ -6,7 +6,7 @@ import pytest
 
 from shoal_common.redisconn import is_cluster
 from streams_app.consuming.chunks import run_chunk
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import enqueue_many, results
 from streams_app.tasks.exceptions import EnqueueManyError
 from streams_app.tasks.runner import QueueHandler

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from streams_app.consuming.chunks import run_chunk
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import cancel, results
 from streams_app.tasks.exceptions import TaskCancelled
 from streams_app.tasks.awaiting import run_message_async

@@ -6,7 +6,7 @@ import pytest
 import redis as redis_py
 
 from streams_app.consuming.chunks import run_chunk
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import results
 from streams_app.tasks.api import task_finished, task_started
 from streams_app.tasks.runner import QueueHandler

@@ -8,7 +8,7 @@ from django.db import transaction
 from prometheus_client import REGISTRY
 
 from streams_app.exceptions import RejectMessage
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks.runner import run_message
 from tests import tasks_settings
 from tests.redis_server import free_port

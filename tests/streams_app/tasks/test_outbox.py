@@ -2,7 +2,7 @@
 import pytest
 from django.db import transaction
 
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.outbox.models import OutboxMessage
 from streams_app.outbox.relay import Relay
 from streams_app.tasks.api import TaskResultDoesNotExist

@@ -414,7 +414,7 @@ def test_the_task_sees_its_tick_as_run_after_in_its_context(jobs, redis):
 def test_a_tick_whose_result_was_never_written_runs_with_its_tick_as_run_after(jobs, redis):
     # CI on a cluster: the result is written after the claim script, so a scheduler SIGKILLed in between
     # (or a worker quicker than it) left the worker writing the result from the message: run_after None.
-    from streams_app.message import Message
+    from streams_app.publishing.message import Message
     from streams_app.tasks.runner import run_message
 
     clock = Clock(1_000_000.0)

@@ -4,7 +4,7 @@ the failed entry is acked, so a waiting retry holds no worker thread and no pend
 import pytest
 
 from streams_app.exceptions import RejectMessage
-from streams_app.message import Message
+from streams_app.publishing.message import Message
 from streams_app.tasks import Retry, exponential
 from streams_app.tasks.api import InvalidTask
 from streams_app.tasks.runner import run_message

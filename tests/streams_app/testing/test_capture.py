@@ -46,7 +46,7 @@ def test_bad_input_is_refused_as_in_production_and_nothing_is_recorded():
 
 
 def test_diverted_says_whether_a_capture_is_active():
-    from streams_app.producer import diverted
+    from streams_app.publishing.producer import diverted
 
     assert not diverted()
     with capture_publishes():

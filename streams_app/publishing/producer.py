@@ -9,20 +9,22 @@ from typing import Any
 import redis
 from redis.exceptions import AskError, MovedError
 
-from streams_app import partitions, scheduled, tracing
+from streams_app import tracing
+from streams_app.partitioning import partitions
+from streams_app.publishing import scheduled
 from shoal_common.redis_errors import is_wrongtype
 from shoal_common.text import to_text
-from streams_app.connection import (
+from streams_app.redis.connection import (
     TRANSIENT_ERRORS, get_connection, is_cluster, node_client, recover, slot_pipeline,
 )
 from streams_app.exceptions import NotReplicatedError, PartialPublishError, PublishError
-from streams_app.keys import key_type
-from streams_app.encoding import Fields, encode_message, encode_payload, message_encoder
-from streams_app.message import IDEMPOTENCY_ID_FIELD
-from streams_app.names import validate_stream_name
+from streams_app.redis.keys import key_type
+from streams_app.publishing.encoding import Fields, encode_message, encode_payload, message_encoder
+from streams_app.publishing.message import IDEMPOTENCY_ID_FIELD
+from streams_app.redis.names import validate_stream_name
 
 __all__ = ["publish", "publish_many", "encode_message", "encode_payload", "message_encoder", "set_publish_hook",
-           "diverted"]  # the encoders live in streams_app.encoding; their old home still names them
+           "diverted"]  # the encoders live in streams_app.publishing.encoding; their old home still names them
 
 _PIPELINE_CHUNK = 1000
 # hook(stream, entries, using) -> entry ids (see set_publish_hook)
@@ -123,7 +125,7 @@ def publish(stream: str, payload: Any, *, key: str | None = None, headers: Mappi
     """Append one message; return its entry id (None when queued on ``pipeline``).
 
     ``run_after``: an aware datetime, or a timedelta from now (on the Redis clock): the message waits
-    in the stream's scheduled set until then (streams_app/scheduled.py); returns its scheduled id
+    in the stream's scheduled set until then (streams_app/publishing/scheduled.py); returns its scheduled id
     (there is no entry id yet), which the entry carries as ``shoal:scheduled_id`` once moved.
 
     ``outbox=True``: write it to the transactional outbox of database ``using`` instead, in the

@@ -9,8 +9,8 @@ that does, which spreads the partitions evenly over the masters of a standard cl
 The list of names is recorded in Redis (``{S}:partitions``, written once with SET NX): changing N
 in the settings for a stream that has entries would move keys to other partitions (and break per-key
 order), so it is refused with an error that says how to migrate. ``manage.py repartition`` changes the
-count online instead (streams_app.repartition): from then on the live layout recorded in Redis
-(streams_app.layout, epochs) wins over the setting, and ``names()`` returns it.
+count online instead (streams_app.operations.repartition): from then on the live layout recorded in Redis
+(streams_app.partitioning.layout, epochs) wins over the setting, and ``names()`` returns it.
 """
 import itertools
 import json
@@ -20,7 +20,8 @@ import zlib
 from django.core.signals import setting_changed
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from streams_app import keys, layout
+from streams_app.redis import keys
+from streams_app.partitioning import layout
 from streams_app.conf import setting
 from streams_app.exceptions import PartitionConfigError
 
@@ -60,7 +61,7 @@ _names_cache = {}
 def names(stream, n=None, epoch=0):
     """The partition stream keys of ``stream``, in partition order (``[stream]`` when not partitioned).
 
-    Without ``n``: the live layout, where new messages go (streams_app.layout: recorded in Redis once
+    Without ``n``: the live layout, where new messages go (streams_app.partitioning.layout: recorded in Redis once
     ``repartition`` ran, re-read at most every second), else the declared one.
     """
     if n is None:

@@ -18,7 +18,8 @@ from datetime import datetime, timedelta, UTC
 import redis
 from django.db import DatabaseError
 
-from streams_app import keys, scheduled, scripts
+from streams_app.redis import keys, scripts
+from streams_app.publishing import scheduled
 
 from streams_app.deadletters import store as deadletters
 
@@ -26,14 +27,15 @@ from streams_app.consuming import liveness, runs
 
 from streams_app.metrics import consumer as metrics
 from streams_app.conf import get_settings
-from streams_app.connection import TRANSIENT_ERRORS, get_connection
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection
 from shoal_common.redis_errors import is_missing, is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
 from streams_app.consuming import refusals
-from streams_app.entry_ids import id_key, next_id
+from streams_app.redis.entry_ids import id_key, next_id
 from streams_app.registry import registered
-from streams_app.lag import backlog
+from streams_app.redis.lag import backlog
 
+# Its name from before the module moved to streams_app.operations (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.reclaim")
 
 AUDIT_PAGE = 1000
@@ -288,7 +290,7 @@ class Reclaimer:
         return trimmed
 
     def move_scheduled(self, stream, report):
-        """Move the due deferred messages of ``stream`` onto it (streams_app/scheduled.py), as its consumers
+        """Move the due deferred messages of ``stream`` onto it (streams_app/publishing/scheduled.py), as its consumers
         do: the backstop for a stream none of whose consumers runs, so what is due shows as backlog."""
         moved, result = scheduled.move_all_due(self.conn, stream)
         if moved:

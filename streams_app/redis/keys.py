@@ -27,7 +27,7 @@ def dead_letter_key(stream):
 
 def scheduled_key(stream):
     """Deferred messages of ``stream`` (a sorted set): scheduled id -> when it is due, ms on the Redis
-    clock (streams_app/scheduled.py)."""
+    clock (streams_app/publishing/scheduled.py)."""
     return f"{hash_tag(stream)}:scheduled"
 
 

@@ -1,7 +1,7 @@
 """gunicorn settings for a Shoal web tier, from any Django project (``project/`` of this repository uses it too).
 
-    gunicorn -c python:streams_app.gunicorn_conf mysite.wsgi
-    # or, in your own gunicorn.conf.py:  from streams_app.gunicorn_conf import *  (then override what you like)
+    gunicorn -c python:streams_app.web.gunicorn_conf mysite.wsgi
+    # or, in your own gunicorn.conf.py:  from streams_app.web.gunicorn_conf import *  (then override what you like)
 
 gunicorn's master is the web tier's pre-fork master: it forks the workers, restarts dead ones,
 recycles them after ``max_requests``, and on ``kill -HUP <master pid>`` starts new
@@ -142,7 +142,7 @@ def post_worker_init(worker):
     # system checks refuse, a request that fails) must never say it is ready. Raising here fails its
     # boot, so a HUP leaves the old workers serving and a first start halts. Django's stock wsgi.py
     # loads no URLconf: without this, such a deploy was rolled out and every page was a 500.
-    from streams_app.app_check import verify
+    from streams_app.web.app_check import verify
 
     verify(worker.wsgi)
     try:

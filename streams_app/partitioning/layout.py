@@ -1,7 +1,7 @@
 """The live partition layout of a stream, once ``manage.py repartition`` changed it (docs/cluster.md).
 
 Until a stream is repartitioned its layout is the declared one (STREAMS["PARTITIONS"], epoch 0,
-streams_app.partitions). ``repartition`` records the live one in ``{S}:layout`` (a JSON object in the
+streams_app.partitioning.partitions). ``repartition`` records the live one in ``{S}:layout`` (a JSON object in the
 logical stream's slot), and from then on that record wins over the setting:
 
 - ``epoch``: 0 for the declared layout, +1 per repartition. Partitions of epoch >= 1 have names of
@@ -25,7 +25,7 @@ import time
 
 from django.core.signals import setting_changed
 
-from streams_app import keys
+from streams_app.redis import keys
 
 # How stale a process's view of a layout may be: repartition waits SWITCH_SECONDS (several of these)
 # after publishing a new epoch before it treats the previous partitions as closed to new messages.
@@ -137,7 +137,7 @@ def current(stream, conn=None, clock=time.monotonic):
             if conn is None:
                 # The admin's short timeout (ADMIN_REDIS_TIMEOUT), not the shared pool's: this read runs
                 # inside web requests, health checks and publishes, which a frozen Redis must not hold.
-                from streams_app.connection import web_connection
+                from streams_app.redis.connection import web_connection
 
                 conn = web_connection()
             value = read(conn, stream)

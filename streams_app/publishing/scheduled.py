@@ -33,13 +33,14 @@ from redis.exceptions import AskError, MovedError
 
 from shoal_common.redis_errors import is_no_permission, is_oom, is_wrongtype
 from shoal_common.text import to_text
-from streams_app import keys, scripts
+from streams_app.redis import keys, scripts
 from streams_app.conf import get_settings, setting
-from streams_app.connection import TRANSIENT_ERRORS, get_connection, is_cluster, per_slot, recover, slot_pipeline
+from streams_app.redis.connection import TRANSIENT_ERRORS, get_connection, is_cluster, per_slot, recover, slot_pipeline
 from streams_app.exceptions import NotReplicatedError, PublishError
 # On a moved entry; on a deferred outbox row RUN_AFTER_FIELD says when it will be due (the relay's cue).
-from streams_app.message import RUN_AFTER_FIELD, SCHEDULED_ID_FIELD
+from streams_app.publishing.message import RUN_AFTER_FIELD, SCHEDULED_ID_FIELD
 
+# Its name from before the module moved to streams_app.publishing (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.scheduled")
 
 # Fields one move script call copies at most, in bytes (a few 1 MiB payloads stay a short script).

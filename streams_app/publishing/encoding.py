@@ -8,10 +8,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from streams_app import codec as codecs
+from streams_app.publishing import codec as codecs
 from streams_app.conf import setting
 from streams_app.exceptions import PublishError
-from streams_app.names import utf8_size
+from streams_app.redis.names import utf8_size
 
 Fields = dict[str, Any]  # one entry's fields as XADD stores them (text, or the codec's bytes)
 
@@ -48,7 +48,7 @@ def encode_message(payload: Any, *, key: str | None = None, headers: Mapping[str
                    codec: str | None = None) -> Fields:
     """The fields of one entry. Raises PublishError for input that cannot be a message.
 
-    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/codec.py.
+    ``codec`` names the engine that writes the JSON (default ``STREAMS["CODEC"]``); see streams_app/publishing/codec.py.
     """
     return _MessageEncoder(headers, codec)(payload, key)
 

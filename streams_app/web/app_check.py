@@ -1,5 +1,5 @@
 """Can this process's Django application answer? Asked once by a gunicorn worker before it tells the
-master it is ready (``verify``, from streams_app.gunicorn_conf), and by every ``/readyz`` (``load_urlconf``).
+master it is ready (``verify``, from streams_app.web.gunicorn_conf), and by every ``/readyz`` (``load_urlconf``).
 
 Django's stock wsgi.py loads the settings and the middleware but not the URLconf, which is imported on
 the first request. A view module that cannot be imported then fails every request, not the worker's

@@ -24,10 +24,13 @@ import socket
 import time
 
 from shoal_common.text import to_text
-from streams_app import drain, keys, layout, partitions, registry, scheduled
+from streams_app import registry
+from streams_app.partitioning import drain, layout, partitions
+from streams_app.redis import keys
+from streams_app.publishing import scheduled
 from streams_app.consuming.groups import ensure_group
 from streams_app.exceptions import StreamsError
-from streams_app.names import validate_stream_name
+from streams_app.redis.names import validate_stream_name
 
 LOCK_TTL_MS = 15_000
 MOST_PARTITIONS = 1024
@@ -101,7 +104,7 @@ def repartition(stream, n, *, conn=None, say=print, wait=True, clock=time.monoto
 
     Returns the final Layout. ``wait=False`` stops after the seal (the drain is left to a later run).
     Raises RepartitionError for what the caller must fix first."""
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     conn = conn or get_connection()
     if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= MOST_PARTITIONS:

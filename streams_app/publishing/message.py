@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from shoal_common.text import to_text
-from streams_app import codec
+from streams_app.publishing import codec
 from streams_app.exceptions import PayloadDecodeError
 
 PAYLOAD_FIELDS = (b"payload", b"data")  # older producers publish under "data"; both are read.
@@ -21,7 +21,7 @@ TARGET_GROUP_FIELD = b"shoal:target_group"
 # it. The idempotency guards prefer it to ``key``, which many messages may share (key=f"order-{pk}").
 IDEMPOTENCY_ID_FIELD = "shoal:idempotency_id"
 _IDEMPOTENCY_ID_RAW = IDEMPOTENCY_ID_FIELD.encode()
-# Set on a deferred message when it is moved onto its stream (streams_app/scheduled.py): the scheduled id
+# Set on a deferred message when it is moved onto its stream (streams_app/publishing/scheduled.py): the scheduled id
 # ``publish(..., run_after=...)`` returned, and when it was due (ms since the epoch, on the Redis clock).
 SCHEDULED_ID_FIELD = "shoal:scheduled_id"
 RUN_AFTER_FIELD = "shoal:run_after"
@@ -93,7 +93,7 @@ class Message:
             fields = self.raw_fields
             raw = fields.get(b"payload")
             if raw is not None:  # the hot path: Shoal's field, a bytes client
-                # Only payloads holding datetimes, Decimals... carry payload_types (streams_app/codec.py).
+                # Only payloads holding datetimes, Decimals... carry payload_types (streams_app/publishing/codec.py).
                 types = fields.get(b"payload_types")
             else:
                 raw, types = self._other_payload_fields()

@@ -6,7 +6,7 @@ from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from shoal_common.redisconn import dedicated_connection
-from streams_app.connection import get_connection
+from streams_app.redis.connection import get_connection
 from streams_app.metrics import multiprocess
 from streams_app.metrics.consumer import BacklogCollector
 from streams_app.metrics.recycling import RecyclingCollector

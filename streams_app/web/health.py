@@ -1,8 +1,8 @@
 """``/healthz`` (the process answers: no I/O) and ``/readyz`` (Redis and the database answer in time, and
 the application's URLconf loads).
 
-Two ways in: ``path("", include("streams_app.urls"))`` (simplest), or the middleware
-``streams_app.health.HealthCheckMiddleware`` at the top of MIDDLEWARE (what project/ does), which answers
+Two ways in: ``path("", include("streams_app.web.urls"))`` (simplest), or the middleware
+``streams_app.web.health.HealthCheckMiddleware`` at the top of MIDDLEWARE (what project/ does), which answers
 before ALLOWED_HOSTS, sessions and auth: probes come from the orchestrator
 with a pod IP as Host, which ALLOWED_HOSTS would refuse, and they need no session, CSRF or auth.
 """
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from django.conf import settings
 from django.http import HttpResponse
 
-from streams_app.app_check import MARKER as APP_CHECK_MARKER
+from streams_app.web.app_check import MARKER as APP_CHECK_MARKER
 
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
@@ -23,7 +23,7 @@ READY_PATH = "/readyz"
 
 def check_redis(timeout):
     from shoal_common.redisconn import is_cluster
-    from streams_app.connection import get_connection
+    from streams_app.redis.connection import get_connection
 
     shared = get_connection()
     if is_cluster(shared):
@@ -81,7 +81,7 @@ def check_database(timeout):
 def check_application(timeout):
     # The application answers only if its URLconf loads: with HealthCheckMiddleware first, a view that
     # cannot be imported left /readyz at 200 while every other page was a 500.
-    from streams_app.app_check import load_urlconf
+    from streams_app.web.app_check import load_urlconf
 
     load_urlconf()
 
@@ -89,6 +89,7 @@ def check_application(timeout):
 CHECKS = {"redis": check_redis, "database": check_database, "application": check_application}
 
 # Under streams_app: a host project has no `project` package, and its LOGGING names streams_app.*.
+# Its name from before the module moved to streams_app.web (issue 49): hosts' LOGGING names it.
 logger = logging.getLogger("streams_app.health")
 _last_error = {}  # check name -> the last error logged for it, in this process
 
@@ -106,7 +107,7 @@ def short_reason(exc):
         return "cannot connect"
     if isinstance(exc, ClusterNotOk):
         return "cluster not ok"
-    from streams_app.app_check import ApplicationCannotLoad
+    from streams_app.web.app_check import ApplicationCannotLoad
 
     if isinstance(exc, ApplicationCannotLoad):
         return "cannot load"
@@ -211,7 +212,7 @@ class HealthCheckMiddleware:
 
     def __call__(self, request):
         if request.META.get(APP_CHECK_MARKER):
-            # The gunicorn worker's own check before it says it is ready (streams_app/app_check.py): it must go
+            # The gunicorn worker's own check before it says it is ready (streams_app/web/app_check.py): it must go
             # through the middleware below and the URLconf, or new code whose later middleware fails every
             # request was rolled out.
             return self.get_response(request)

@@ -6,7 +6,7 @@ handled (or dead-lettered, which acknowledges it). Used by ``repartition`` (the 
 ordered partition of a new epoch, which waits for its feeders (streams_app.consuming.gate).
 """
 from shoal_common.text import to_text
-from streams_app import keys
+from streams_app.redis import keys
 
 
 def _id(text):
